@@ -1,0 +1,55 @@
+# One entry point for everything. Every target sets itself up: `make test` or `make sim` on a fresh
+# clone creates .venv from the pins in pyproject.toml first (and only when that file changed).
+#
+#   make sim        the main job: a Verilator simulation with a report, a pcap and a waveform
+#   make test       the whole regression: model, Amaranth-simulator and cocotb/Verilator tiers
+#   make test-fast  the model and Amaranth-simulator tiers only (seconds)
+#   make bench      benchmarks -> build/bench/results.json and a table
+#   make verilog    every top-level module -> build/verilog/*.v
+#   make lint       ruff, and verilator --lint-only -Wall on every generated module
+#   make bitstream BOARD=ecpix5   a board bitstream with utilisation and timing report
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+BOARD  ?= ecpix5
+JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
+SIM_ARGS ?=
+
+# cocotb, Verilator and the yowasp tools find themselves through these (see iwarp_tb.toolchain).
+RUN := $(PY) -m iwarp_tb.toolchain --
+
+.PHONY: venv test test-fast sim bench verilog lint bitstream clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check --editable .
+	@touch $@
+
+test: $(STAMP)
+	$(RUN) $(PY) -m pytest -n $(JOBS) --dist loadgroup
+
+test-fast: $(STAMP)
+	$(RUN) $(PY) -m pytest -n $(JOBS) sim/tests hdl/tests
+
+sim: $(STAMP)
+	$(RUN) $(PY) -m iwarp_tb.sim $(SIM_ARGS)
+
+bench: $(STAMP)
+	$(RUN) $(PY) -m iwarp_tb.bench
+
+verilog: $(STAMP)
+	$(RUN) $(PY) -m iwarp_nic verilog --out build/verilog
+
+lint: verilog
+	$(PY) -m ruff check hdl sim tb boards
+	$(RUN) $(PY) -m iwarp_tb.lint build/verilog
+
+bitstream: $(STAMP)
+	$(RUN) $(PY) -m boards.build $(BOARD)
+
+clean:
+	rm -rf build

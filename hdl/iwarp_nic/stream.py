@@ -1,0 +1,93 @@
+"""Byte streams: the beat layout every datapath block speaks, and a skid buffer.
+
+A *beat* is one transfer of a byte stream, ``{data, keep, last}`` plus ``err`` where a packet can
+be found bad only at its end. AXI-Stream rules apply:
+
+* lane 0 (``data[0:8]``) is the first byte on the wire;
+* ``keep`` is all ones except on a ``last`` beat, where it is contiguous from lane 0
+  (``0b0...01...1``) and never zero: there are no empty beats;
+* ``err`` is meaningful on ``last`` beats only and marks the whole packet bad.
+
+A *packet* on a parsed interface is a header stream (one transfer per packet, see
+:mod:`iwarp_nic.hdrparse`) plus a payload stream of beats.
+
+``data_bytes`` is the datapath width in bytes, one of :data:`DATA_BYTES`: 1 byte at 125 MHz is the
+1G configuration, 8 bytes at 156.25 MHz the 10G one.
+"""
+
+from amaranth import Module, Mux, Signal, Value
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+__all__ = ["DATA_BYTES", "check_data_bytes", "BeatLayout", "BeatStream", "SkidBuffer"]
+
+#: Datapath widths, in bytes per beat, that every streaming block supports.
+DATA_BYTES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def check_data_bytes(data_bytes, *, what="data_bytes"):
+    """Validate a width parameter; return it."""
+    if not isinstance(data_bytes, int) or data_bytes not in DATA_BYTES:
+        raise ValueError(f"{what} must be one of {DATA_BYTES}, not {data_bytes!r}")
+    return data_bytes
+
+
+def BeatLayout(data_bytes, *, err=False):
+    """The layout of one beat of a ``data_bytes``-wide byte stream."""
+    check_data_bytes(data_bytes)
+    fields = {"data": 8 * data_bytes, "keep": data_bytes, "last": 1}
+    if err:
+        fields["err"] = 1
+    return data.StructLayout(fields)
+
+
+def BeatStream(data_bytes, *, err=False):
+    """``stream.Signature`` of a byte stream of :func:`BeatLayout` beats."""
+    return stream.Signature(BeatLayout(data_bytes, err=err))
+
+
+class SkidBuffer(wiring.Component):
+    """A two-entry register slice that cuts every combinational path between ``i`` and ``o``.
+
+    ``o.payload``/``o.valid`` come from a register, and so does ``i.ready``: a chain of blocks can
+    be split anywhere for timing with no loss of throughput.
+
+    * Throughput: one transfer per cycle, sustained, in both directions of back-pressure.
+    * Latency: one cycle from ``i`` to ``o``.
+    * Order and content are preserved exactly; it never drops or duplicates a transfer.
+
+    Parameters
+    ----------
+    shape : shape-like
+        The payload shape (any ``stream.Signature`` payload, beats included).
+    """
+
+    def __init__(self, shape):
+        self._shape = shape
+        super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape))})
+
+    def elaborate(self, platform):
+        m = Module()
+        # `main` feeds o; `skid` catches the one transfer accepted while o stalled.
+        main = Signal(self._shape)
+        main_valid = Signal()
+        skid = Signal(self._shape)
+        skid_valid = Signal()
+
+        m.d.comb += [
+            self.i.ready.eq(~skid_valid),
+            self.o.valid.eq(main_valid),
+            self.o.payload.eq(main),
+        ]
+        take = self.i.valid & self.i.ready
+        with m.If(~main_valid | self.o.ready):
+            # main is free this cycle: refill it from the skid slot first, then from the input.
+            m.d.sync += [
+                Value.cast(main).eq(
+                    Mux(skid_valid, Value.cast(skid), Value.cast(self.i.payload))),
+                main_valid.eq(skid_valid | take),
+                skid_valid.eq(0),
+            ]
+        with m.Elif(take):
+            m.d.sync += [skid.eq(self.i.payload), skid_valid.eq(1)]
+        return m

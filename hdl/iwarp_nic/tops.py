@@ -1,0 +1,22 @@
+"""The top-level modules ``make verilog`` generates, by Verilog module name.
+
+Each entry builds a fresh component; :func:`iwarp_nic.axis.convert` gives it AXI-named ports.
+Widths cover the 1G (1 byte), 10G (8 bytes) and widest (64 bytes) configurations.
+"""
+
+from amaranth import unsigned
+
+from .stream import BeatLayout, SkidBuffer
+
+
+def tops():
+    """``{module_name: factory}`` for every generated top-level module."""
+    from .crc import CRC32CEngine, CRC32Engine
+
+    tops = {}
+    for n in (1, 8, 64):
+        tops[f"iwarp_skid_w{n}"] = lambda n=n: SkidBuffer(BeatLayout(n, err=True))
+        tops[f"iwarp_crc32c_w{n}"] = lambda n=n: CRC32CEngine(n)
+        tops[f"iwarp_crc32_w{n}"] = lambda n=n: CRC32Engine(n)
+    tops["iwarp_skid_u32"] = lambda: SkidBuffer(unsigned(32))
+    return tops

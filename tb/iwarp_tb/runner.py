@@ -1,0 +1,199 @@
+"""Elaborate -> ``build/verilog/<name>.v`` -> Verilator, under cocotb or the native beat player.
+
+* :func:`write_verilog` generates a top-level module with AXI-named ports (:mod:`iwarp_nic.axis`).
+* :func:`run_cocotb` builds it with cocotb's Verilator runner and runs a cocotb test module; the
+  pytest test fails unless every cocotb test ran and passed.
+* :class:`BeatPlayer` builds it with ``vplayer.cpp`` for bulk traffic and cycle-exact benchmarks:
+  beats in from :mod:`iwarp_tb.beats`, transfers out with their cycle numbers.
+
+Builds are cached per module under ``build/`` and rebuilt when the Verilog changes; a file lock
+lets parallel pytest workers share them.
+"""
+
+import fcntl
+import hashlib
+import json
+import os
+import random
+import struct
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+from iwarp_nic.axis import axi_ports, convert
+
+from . import toolchain
+from .beats import Beat
+
+__all__ = ["write_verilog", "run_cocotb", "BeatPlayer", "Output", "random_idles"]
+
+VERILOG_DIR = toolchain.BUILD / "verilog"
+
+
+def write_verilog(name, component, out_dir=VERILOG_DIR) -> Path:
+    """Write ``component`` as module ``name`` to ``out_dir/<name>.v`` (only if it changed)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.v"
+    text = convert(component, name)
+    if not path.exists() or path.read_text() != text:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return path
+
+
+@contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _digest(*paths) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(Path(p).read_bytes())
+    return h.hexdigest()
+
+
+def run_cocotb(name, component, test_module, *, test_dir, testcase=None, env=None,
+               waves=False):
+    """Build module ``name`` from ``component`` and run cocotb ``test_module`` against it.
+
+    ``test_dir`` is the folder holding the test module. ``env`` passes parameters to the cocotb
+    side (environment variables, e.g. the width). With ``waves`` a trace is written into the build
+    folder (FST when the lz4 headers are installed, else VCD); its path is returned with the
+    number of tests run.
+    """
+    from cocotb_tools.check_results import get_results
+    from cocotb_tools.runner import get_runner
+
+    toolchain.setup()
+    source = write_verilog(name, component)
+    fst = waves and toolchain.have_fst()
+    build_dir = toolchain.BUILD / "cocotb" / (name + ("-waves" if waves else ""))
+    runner = get_runner("verilator")
+    with _locked(build_dir.with_suffix(".lock")):
+        stamp = build_dir / ".source.sha256"
+        digest = _digest(source)
+        fresh = not (stamp.exists() and stamp.read_text() == digest)
+        runner.build(sources=[source], hdl_toplevel=name, build_dir=build_dir, always=fresh,
+                     waves=waves, build_args=["--trace-fst"] if fst else [],
+                     timescale=("1ns", "1ps"), log_file=build_dir / "build.log")
+        stamp.write_text(digest)
+    # The simulator runs in the build folder and imports the test module through PYTHONPATH,
+    # which cocotb's runner takes from this process's sys.path.
+    if str(test_dir) not in sys.path:
+        sys.path.insert(0, str(test_dir))
+    results = build_dir / f"results-{test_module}-{testcase or 'all'}-{os.getpid()}.xml"
+    runner.test(test_module=test_module, hdl_toplevel=name, build_dir=build_dir,
+                test_dir=build_dir, testcase=testcase,
+                extra_env={k: str(v) for k, v in (env or {}).items()}, waves=waves,
+                results_xml=str(results), log_file=build_dir / f"{test_module}.log")
+    total, failed = get_results(results)
+    assert total > 0, f"cocotb ran no test from {test_module} (see {build_dir})"
+    assert failed == 0, f"{failed} of {total} cocotb tests failed (log in {build_dir})"
+    trace = build_dir / ("dump.fst" if fst else "dump.vcd")
+    return total, (trace if waves else None)
+
+
+class Output(list):
+    """The player's record of the output stream: a list of :class:`~iwarp_tb.beats.Beat` with
+    ``cycles`` (the transfer cycle of each beat) and ``stats`` (the player's counters)."""
+
+    def __init__(self, beats, cycles, stats):
+        super().__init__(beats)
+        self.cycles = cycles
+        self.stats = stats
+
+
+class BeatPlayer:
+    """A module with one ``s_axis`` input and one ``m_axis`` output, compiled natively.
+
+    ``play(beats, ...)`` offers each input beat after its idle cycles, holds ``m_axis_tready``
+    high ``ready`` of the time, and returns the output transfers. Runs at millions of beats per
+    second, for the long randomised checks and the benchmarks.
+    """
+
+    HARNESS = Path(__file__).with_name("vplayer.cpp")
+
+    def __init__(self, name, component):
+        ports = axi_ports(component)
+        self.name = name
+        self.in_bytes = len(ports["s_axis_tdata"][0]) // 8
+        self.out_bytes = (len(ports["m_axis_tdata"][0]) + 7) // 8
+        self._has = {p for p in ports}
+        self.source = write_verilog(name, component)
+        self.build_dir = toolchain.BUILD / "vplayer" / name
+        self.binary = self.build_dir / "vplayer"
+
+    def build(self):
+        toolchain.setup()
+        defines = [f"-DVTOP=V{self.name}", f"-DVTOP_H='\"V{self.name}.h\"'",
+                   f"-DIN_BYTES={self.in_bytes}", f"-DOUT_BYTES={self.out_bytes}"]
+        for side in ("s", "m"):
+            for sig in ("tkeep", "tlast", "tuser"):
+                if f"{side}_axis_{sig}" in self._has:
+                    defines.append(f"-DHAS_{side.upper()}_{sig.upper()}")
+        with _locked(self.build_dir.with_suffix(".lock")):
+            stamp = self.build_dir / ".source.sha256"
+            digest = _digest(self.source, self.HARNESS) + " ".join(defines)
+            if self.binary.exists() and stamp.exists() and stamp.read_text() == digest:
+                return self
+            self.build_dir.mkdir(parents=True, exist_ok=True)
+            cmd = ["verilator", "--cc", "--exe", "--build", "-j", "2", "-O3",
+                   "--x-assign", "fast", "--x-initial", "fast", "-Wno-fatal",
+                   "--top-module", self.name, "--Mdir", str(self.build_dir),
+                   "-o", "vplayer", "-CFLAGS", " ".join(defines + ["-O2"]),
+                   str(self.source), str(self.HARNESS)]
+            log = self.build_dir / "build.log"
+            with open(log, "w") as f:
+                done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+            if done.returncode:
+                raise RuntimeError(f"Verilator build of {self.name} failed: see {log}")
+            stamp.write_text(digest)
+        return self
+
+    def play(self, beats, *, idles=None, ready=1.0, seed=0, drain=1000, tag="run") -> Output:
+        """Play ``beats`` (with ``idles[i]`` idle cycles before beat ``i``) and return the
+        output transfers. Raises AssertionError if the DUT hangs."""
+        self.build()
+        stim = self.build_dir / f"{tag}-{os.getpid()}.in"
+        out = self.build_dir / f"{tag}-{os.getpid()}.out"
+        idles = idles or [0] * len(beats)
+        with open(stim, "wb") as f:
+            for beat, idle in zip(beats, idles, strict=True):
+                f.write(struct.pack("<IBBQ", idle, int(beat.last), int(beat.err), beat.keep))
+                f.write(beat.data.to_bytes(self.in_bytes, "little"))
+        done = subprocess.run([str(self.binary), str(stim), str(out), str(seed),
+                               str(round(ready * 100)), str(drain)],
+                              capture_output=True, text=True)
+        if done.returncode:
+            raise AssertionError(f"{self.name}: {done.stderr.strip() or done.returncode}")
+        stats = json.loads(done.stdout)
+        record = struct.Struct("<QBBQ")
+        raw = out.read_bytes()
+        size = record.size + self.out_bytes
+        result, cycles = [], []
+        for offset in range(0, len(raw), size):
+            cycle, last, user, keep = record.unpack_from(raw, offset)
+            data = int.from_bytes(raw[offset + record.size:offset + size], "little")
+            result.append(Beat(data, keep, bool(last), bool(user)))
+            cycles.append(cycle)
+        stim.unlink()
+        out.unlink()
+        return Output(result, cycles, stats)
+
+
+def random_idles(count, rng: random.Random, idle: float):
+    """Idle cycles before each of ``count`` beats: geometric, mean ``idle / (1 - idle)``."""
+    idles = []
+    for _ in range(count):
+        n = 0
+        while rng.random() < idle:
+            n += 1
+        idles.append(n)
+    return idles

@@ -1,0 +1,187 @@
+// Beat player: a native Verilator driver for one AXI-Stream input and one AXI-Stream output.
+//
+// cocotb drives signals from Python a cycle at a time, which caps it near 10^5 cycles per second.
+// Bulk checks (millions of beats) and cycle-exact benchmarks run here instead: this program plays
+// beats prepared by iwarp_tb.beats into s_axis, holds m_axis_tready low at random, and records
+// every m_axis transfer with its cycle. It knows nothing of packets: splitting and reassembly
+// stay in Python, in one place.
+//
+// Build-time defines (set by iwarp_tb.runner): VTOP (the Verilated class), VTOP_H (its header),
+// IN_BYTES, OUT_BYTES, and HAS_S_TKEEP/HAS_S_TLAST/HAS_S_TUSER/HAS_M_TKEEP/HAS_M_TLAST/HAS_M_TUSER.
+//
+// Usage: vplayer STIMULUS OUTPUT SEED READY_PERCENT DRAIN_CYCLES
+//   STIMULUS: records {u32 idle_cycles_before; u8 last; u8 user; u64 keep; u8 data[IN_BYTES]}
+//   OUTPUT:   records {u64 cycle; u8 last; u8 user; u64 keep; u8 data[OUT_BYTES]}
+// After the last input beat is accepted it runs until DRAIN_CYCLES pass with no output transfer.
+// If the DUT makes no transfer at all for DRAIN_CYCLES while a beat waits, it reports a hang and
+// exits with status 3.
+// Prints one JSON line: cycles, first input cycle, last output cycle, transfer counts.
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "verilated.h"
+#include VTOP_H
+
+namespace {
+
+template <typename T> void put(T &port, const uint8_t *bytes, int n) {
+    T value = 0;
+    for (int i = n - 1; i >= 0; --i) value = static_cast<T>((value << 8) | bytes[i]);
+    port = value;
+}
+
+template <std::size_t W> void put(VlWide<W> &port, const uint8_t *bytes, int n) {
+    for (std::size_t w = 0; w < W; ++w) {
+        uint32_t word = 0;
+        for (int k = 3; k >= 0; --k) {
+            int i = static_cast<int>(w) * 4 + k;
+            word = (word << 8) | (i < n ? bytes[i] : 0);
+        }
+        port[w] = word;
+    }
+}
+
+template <typename T> void get(const T &port, uint8_t *bytes, int n) {
+    uint64_t value = port;
+    for (int i = 0; i < n; ++i) bytes[i] = static_cast<uint8_t>(value >> (8 * i));
+}
+
+template <std::size_t W> void get(const VlWide<W> &port, uint8_t *bytes, int n) {
+    for (int i = 0; i < n; ++i) bytes[i] = static_cast<uint8_t>(port[i / 4] >> (8 * (i % 4)));
+}
+
+struct InBeat {
+    uint32_t idle;
+    uint8_t last, user;
+    uint64_t keep;
+    uint8_t data[IN_BYTES];
+};
+
+uint64_t rng_state;
+uint32_t next_random() {  // xorshift64*
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return static_cast<uint32_t>((rng_state * 2685821657736338717ULL) >> 32);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    if (argc != 6) {
+        std::fprintf(stderr, "usage: %s STIMULUS OUTPUT SEED READY_PERCENT DRAIN_CYCLES\n", argv[0]);
+        return 2;
+    }
+    FILE *in = std::fopen(argv[1], "rb");
+    FILE *out = std::fopen(argv[2], "wb");
+    if (!in || !out) {
+        std::perror("vplayer: open");
+        return 2;
+    }
+    rng_state = std::strtoull(argv[3], nullptr, 0) * 0x9E3779B97F4A7C15ULL + 1;
+    const uint32_t ready_percent = std::strtoul(argv[4], nullptr, 0);
+    const uint64_t drain = std::strtoull(argv[5], nullptr, 0);
+
+    std::vector<InBeat> beats;
+    InBeat beat;
+    while (std::fread(&beat.idle, 4, 1, in) == 1) {
+        if (std::fread(&beat.last, 1, 1, in) != 1 || std::fread(&beat.user, 1, 1, in) != 1 ||
+            std::fread(&beat.keep, 8, 1, in) != 1 ||
+            std::fread(beat.data, IN_BYTES, 1, in) != 1) {
+            std::fprintf(stderr, "vplayer: truncated stimulus\n");
+            return 2;
+        }
+        beats.push_back(beat);
+    }
+    std::fclose(in);
+
+    VerilatedContext context;
+    VTOP top{&context};
+    top.clk = 0;
+    top.rst = 1;
+    top.s_axis_tvalid = 0;
+    top.m_axis_tready = 0;
+    for (int i = 0; i < 4; ++i) {
+        top.clk = 0; top.eval();
+        top.clk = 1; top.eval();
+    }
+    top.rst = 0;
+
+    std::size_t next = 0;
+    uint32_t idle_left = beats.empty() ? 0 : beats[0].idle;
+    uint64_t cycle = 0, quiet = 0, stuck = 0, first_in = UINT64_MAX, last_out = 0, outputs = 0;
+    uint8_t out_data[OUT_BYTES];
+    while (next < beats.size() || quiet < drain) {
+        const bool offer = next < beats.size() && idle_left == 0;
+        top.s_axis_tvalid = offer;
+        if (offer) {
+            put(top.s_axis_tdata, beats[next].data, IN_BYTES);
+#ifdef HAS_S_TKEEP
+            top.s_axis_tkeep = beats[next].keep;
+#endif
+#ifdef HAS_S_TLAST
+            top.s_axis_tlast = beats[next].last;
+#endif
+#ifdef HAS_S_TUSER
+            top.s_axis_tuser = beats[next].user;
+#endif
+        }
+        const bool ready = next_random() % 100 < ready_percent;
+        top.m_axis_tready = ready;
+        top.clk = 0;
+        top.eval();
+        const bool in_fire = offer && top.s_axis_tready;
+        const bool out_fire = ready && top.m_axis_tvalid;
+        if (out_fire) {
+            uint8_t last = 1, user = 0;
+            uint64_t keep = 0;
+            get(top.m_axis_tdata, out_data, OUT_BYTES);
+#ifdef HAS_M_TKEEP
+            keep = top.m_axis_tkeep;
+#endif
+#ifdef HAS_M_TLAST
+            last = top.m_axis_tlast;
+#endif
+#ifdef HAS_M_TUSER
+            user = top.m_axis_tuser;
+#endif
+            std::fwrite(&cycle, 8, 1, out);
+            std::fwrite(&last, 1, 1, out);
+            std::fwrite(&user, 1, 1, out);
+            std::fwrite(&keep, 8, 1, out);
+            std::fwrite(out_data, OUT_BYTES, 1, out);
+            last_out = cycle;
+            ++outputs;
+        }
+        top.clk = 1;
+        top.eval();
+
+        if (in_fire) {
+            if (first_in == UINT64_MAX) first_in = cycle;
+            ++next;
+            idle_left = next < beats.size() ? beats[next].idle : 0;
+        } else if (!offer && idle_left > 0) {
+            --idle_left;
+        }
+        quiet = (next < beats.size() || out_fire) ? 0 : quiet + 1;
+        stuck = (offer && !in_fire && !out_fire) ? stuck + 1 : 0;
+        if (stuck > drain) {
+            std::fprintf(stderr, "vplayer: hang: input beat %zu of %zu not accepted for %llu "
+                         "cycles and no output (cycle %llu)\n", next, beats.size(),
+                         (unsigned long long)stuck, (unsigned long long)cycle);
+            return 3;
+        }
+        ++cycle;
+    }
+    std::fclose(out);
+    top.final();
+    std::printf("{\"cycles\": %llu, \"first_in_cycle\": %llu, \"last_out_cycle\": %llu, "
+                "\"in_beats\": %zu, \"out_transfers\": %llu}\n",
+                (unsigned long long)cycle, (unsigned long long)(beats.empty() ? 0 : first_in),
+                (unsigned long long)last_out, beats.size(), (unsigned long long)outputs);
+    return 0;
+}
