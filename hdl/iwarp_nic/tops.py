@@ -12,9 +12,13 @@ from .stream import BeatLayout, SkidBuffer
 def tops():
     """``{module_name: factory}`` for every generated top-level module."""
     from .crc import CRC32CEngine, CRC32Engine
+    from .hdrparse import HeaderEmitter, HeaderParser
+    from .headers import ETHERNET
 
     tops = {}
     for n in (1, 8, 64):
+        tops[f"iwarp_eth_parser_w{n}"] = lambda n=n: HeaderParser(ETHERNET, n, err=True)
+        tops[f"iwarp_eth_emitter_w{n}"] = lambda n=n: HeaderEmitter(ETHERNET, n, err=True)
         tops[f"iwarp_skid_w{n}"] = lambda n=n: SkidBuffer(BeatLayout(n, err=True))
         tops[f"iwarp_crc32c_w{n}"] = lambda n=n: CRC32CEngine(n)
         tops[f"iwarp_crc32_w{n}"] = lambda n=n: CRC32Engine(n)

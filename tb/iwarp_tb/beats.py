@@ -6,9 +6,10 @@ these two functions, so every testbench splits and reassembles packets by the sa
 on the last beat of a bad packet.
 """
 
-from typing import Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import NamedTuple
 
-__all__ = ["Beat", "Packet", "to_beats", "from_beats", "check_beat"]
+__all__ = ["Beat", "Packet", "Columns", "to_beats", "to_columns", "from_beats", "check_beat"]
 
 
 class Beat(NamedTuple):
@@ -75,3 +76,33 @@ def from_beats(beats: Iterable[Beat], data_bytes: int) -> list[Packet]:
     if current:
         raise AssertionError(f"stream ended inside a packet ({len(current)} bytes without last)")
     return packets
+
+
+class Columns(NamedTuple):
+    """Beats of many packets, column by column (for the native player): ``data`` is every beat's
+    lanes back to back (unused lanes zero), ``keep`` one u64 per beat, ``last`` and ``err`` one
+    byte per beat. Built per packet, not per beat, so millions of beats take milliseconds."""
+
+    count: int
+    data: bytes
+    keep: bytes
+    last: bytes
+    err: bytes
+
+
+def to_columns(packets: Iterable[bytes], data_bytes: int) -> Columns:
+    """The beats of ``packets`` (same rules as :func:`to_beats`) as :class:`Columns`."""
+    full = ((1 << data_bytes) - 1).to_bytes(8, "little")
+    data, keep, last, err = [], [], [], []
+    count = 0
+    for packet in packets:
+        if not packet:
+            raise ValueError("a packet has at least one byte: streams carry no empty beats")
+        beats = -(-len(packet) // data_bytes)
+        tail = len(packet) - (beats - 1) * data_bytes
+        data += [packet, bytes(beats * data_bytes - len(packet))]
+        keep += [full * (beats - 1), ((1 << tail) - 1).to_bytes(8, "little")]
+        last += [bytes(beats - 1), b"\x01"]
+        err += [bytes(beats - 1), b"\x01" if getattr(packet, "err", False) else b"\x00"]
+        count += beats
+    return Columns(count, b"".join(data), b"".join(keep), b"".join(last), b"".join(err))

@@ -4,7 +4,7 @@
 * :func:`run_cocotb` builds it with cocotb's Verilator runner and runs a cocotb test module; the
   pytest test fails unless every cocotb test ran and passed.
 * :class:`BeatPlayer` builds it with ``vplayer.cpp`` for bulk traffic and cycle-exact benchmarks:
-  beats in from :mod:`iwarp_tb.beats`, transfers out with their cycle numbers.
+  packets in as beats (:func:`iwarp_tb.beats.to_columns`), transfers out with their cycles.
 
 Builds are cached per module under ``build/`` and rebuilt when the Verilog changes; a file lock
 lets parallel pytest workers share them.
@@ -14,7 +14,6 @@ import fcntl
 import hashlib
 import json
 import os
-import random
 import struct
 import subprocess
 import sys
@@ -24,9 +23,9 @@ from pathlib import Path
 from iwarp_nic.axis import axi_ports, convert
 
 from . import toolchain
-from .beats import Beat
+from .beats import Beat, to_columns
 
-__all__ = ["write_verilog", "run_cocotb", "BeatPlayer", "Output", "random_idles"]
+__all__ = ["write_verilog", "run_cocotb", "BeatPlayer", "Output"]
 
 VERILOG_DIR = toolchain.BUILD / "verilog"
 
@@ -113,7 +112,7 @@ class Output(list):
 class BeatPlayer:
     """A module with one ``s_axis`` input and one ``m_axis`` output, compiled natively.
 
-    ``play(beats, ...)`` offers each input beat after its idle cycles, holds ``m_axis_tready``
+    ``play(packets, ...)`` plays them as beats with random idle cycles, holds ``m_axis_tready``
     high ``ready`` of the time, and returns the output transfers. Runs at millions of beats per
     second, for the long randomised checks and the benchmarks.
     """
@@ -157,25 +156,29 @@ class BeatPlayer:
             stamp.write_text(digest)
         return self
 
-    def play(self, beats, *, idles=None, ready=1.0, seed=0, drain=1000, tag="run") -> Output:
-        """Play ``beats`` (with ``idles[i]`` idle cycles before beat ``i``) and return the
-        output transfers. Raises AssertionError if the DUT hangs."""
+    def play(self, packets, *, idle=0.0, ready=1.0, seed=0, drain=1000, tag="run") -> Output:
+        """Play ``packets`` as beats into ``s_axis`` and return the ``m_axis`` transfers.
+
+        Before each beat the input idles a cycle with probability ``idle`` (repeatedly); each
+        cycle ``m_axis_tready`` is high with probability ``ready``. Raises AssertionError if the
+        DUT hangs."""
         self.build()
         stim = self.build_dir / f"{tag}-{os.getpid()}.in"
         out = self.build_dir / f"{tag}-{os.getpid()}.out"
-        idles = idles or [0] * len(beats)
+        columns = to_columns(packets, self.in_bytes)
         with open(stim, "wb") as f:
-            for beat, idle in zip(beats, idles, strict=True):
-                f.write(struct.pack("<IBBQ", idle, int(beat.last), int(beat.err), beat.keep))
-                f.write(beat.data.to_bytes(self.in_bytes, "little"))
+            f.write(struct.pack("<Q", columns.count))
+            f.write(columns.data + columns.keep + columns.last + columns.err)
         done = subprocess.run([str(self.binary), str(stim), str(out), str(seed),
-                               str(round(ready * 100)), str(drain)],
+                               str(round(idle * 100)), str(round(ready * 100)), str(drain)],
                               capture_output=True, text=True)
+        stim.unlink()
         if done.returncode:
             raise AssertionError(f"{self.name}: {done.stderr.strip() or done.returncode}")
         stats = json.loads(done.stdout)
         record = struct.Struct("<QBBQ")
         raw = out.read_bytes()
+        out.unlink()
         size = record.size + self.out_bytes
         result, cycles = [], []
         for offset in range(0, len(raw), size):
@@ -183,17 +186,4 @@ class BeatPlayer:
             data = int.from_bytes(raw[offset + record.size:offset + size], "little")
             result.append(Beat(data, keep, bool(last), bool(user)))
             cycles.append(cycle)
-        stim.unlink()
-        out.unlink()
         return Output(result, cycles, stats)
-
-
-def random_idles(count, rng: random.Random, idle: float):
-    """Idle cycles before each of ``count`` beats: geometric, mean ``idle / (1 - idle)``."""
-    idles = []
-    for _ in range(count):
-        n = 0
-        while rng.random() < idle:
-            n += 1
-        idles.append(n)
-    return idles

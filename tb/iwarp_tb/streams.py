@@ -12,8 +12,9 @@ simulator (``StreamPort.amaranth(dut.i)`` or ``StreamPort.axis(dut, "s_axis")``)
 """
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from .beats import Beat, Packet, from_beats, to_beats
 

