@@ -25,8 +25,11 @@ from . import facilities, toolchain
 from .runner import run_cocotb
 from .sim_train import write_train
 
-#: Nominal core clock per width: 1 byte at 125 MHz is 1G, 8 bytes at 156.25 MHz is 10G.
-CLOCK_MHZ = {1: 125.0, 2: 125.0, 4: 156.25, 8: 156.25, 16: 156.25, 32: 312.5, 64: 390.625}
+#: Nominal core clock per width, for Gb/s figures: 1 byte at 125 MHz is 1G, 8 bytes at
+#: 156.25 MHz is 10G; 64 bytes at 322.265625 MHz is the usual 100G MAC user clock.
+CLOCK_MHZ = {1: 125.0, 2: 125.0, 4: 156.25, 8: 156.25, 16: 156.25, 32: 250.0, 64: 322.265625}
+#: TCP port of the train's frames: rping's default, as the NIC's first peer will use.
+RPING_PORT = 7174
 
 
 def frame_train(count, rng):
@@ -39,7 +42,7 @@ def frame_train(count, rng):
         size = rng.choice([6, 64, 512, 1460, rng.randint(6, 1460)])
         pkt = (Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
                / IP(src="192.0.2.1", dst="192.0.2.2", id=i)
-               / TCP(sport=49152, dport=4791 + 1, seq=1 + 1460 * i, flags="PA")
+               / TCP(sport=49152, dport=RPING_PORT, seq=1 + 1460 * i, flags="PA")
                / rng.randbytes(size))
         frames.append(bytes(pkt))
     return frames
