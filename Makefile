@@ -8,6 +8,7 @@
 #   make verilog    every top-level module -> build/verilog/*.v
 #   make lint       ruff, and verilator --lint-only -Wall on every generated module
 #   make bitstream BOARD=ecpix5   a board bitstream with utilisation and timing report
+#   make siw-guest  the QEMU guest running Linux siw -> build/siw/<variant>/ (VARIANT=stock|crc|rev1|all)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -16,11 +17,12 @@ STAMP  := $(VENV)/.installed
 BOARD  ?= ecpix5
 JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 SIM_ARGS ?=
+VARIANT ?= stock
 
 # cocotb, Verilator and the yowasp tools find themselves through these (see iwarp_tb.toolchain).
 RUN := $(PY) -m iwarp_tb.toolchain --
 
-.PHONY: venv test test-fast sim bench verilog lint bitstream clean
+.PHONY: venv test test-fast sim bench verilog lint bitstream siw-guest clean
 
 venv: $(STAMP)
 
@@ -50,6 +52,9 @@ lint: verilog
 
 bitstream: $(STAMP)
 	$(RUN) $(PY) -m boards.build $(BOARD)
+
+siw-guest: $(STAMP)
+	$(RUN) $(PY) -m iwarp_tb.siw.guest build --variant $(VARIANT)
 
 clean:
 	rm -rf build

@@ -28,8 +28,13 @@ def linux_peer():
 
 
 def siw():
-    return _missing_tools("qemu-system-x86_64") or (
-        None if os.environ.get("IWARP_SIW_GUEST") else "no siw guest image (IWARP_SIW_GUEST)")
+    """QEMU, and the siw guest either built (build/siw) or buildable from installed packages."""
+    absent = _missing_tools("qemu-system-x86_64")
+    if absent:
+        return absent
+    from iwarp_tb.siw import image
+
+    return None if image.built("stock") else image.missing()
 
 
 CHECKS = {"tshark": tshark, "linux_peer": linux_peer, "siw": siw}

@@ -1,0 +1,25 @@
+"""Linux soft-iWARP (``siw``) as a real peer, in a QEMU guest built from Debian packages.
+
+- :mod:`iwarp_tb.siw.image` builds the guest (kernel, out-of-tree ``siw.ko`` variants, initramfs)
+  into ``build/siw`` and caches it.
+- :mod:`iwarp_tb.siw.guest` boots it (:class:`SiwGuest`, :func:`run_pair`) and parses its result.
+- :mod:`iwarp_tb.siw.netdev` is the host's end of the guest's wire (:class:`SocketNetdev`).
+
+The names below are imported on first use, so ``python -m iwarp_tb.siw.guest`` runs cleanly.
+See README.md in this folder.
+"""
+
+import importlib
+
+_NAMES = {
+    "GuestError": "guest", "GuestResult": "guest", "SiwGuest": "guest", "free_port": "guest",
+    "run_pair": "guest", "VARIANTS": "image", "BuildError": "image", "ensure": "image",
+    "SocketNetdev": "netdev",
+}
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name):
+    if name in _NAMES:
+        return getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
