@@ -279,6 +279,30 @@ def test_frames_under_one_percent_loss_byte_exact():
     assert lb.conn.state == ConnState.CLOSED and B.qp.state.name == "ERR"
 
 
+def test_frames_connect_refused_ends_the_link():
+    """An initiator whose SYN is answered by an RST (nobody listens yet, as with a Linux peer
+    whose rdma_cm listener is not up) learns it: the link closes, the QP is flushed."""
+    from iwarp_model.transport.frames import FrameEndpoint
+    from iwarp_model.transport.impair import Pipe
+
+    pipe = Pipe(seed=3)
+    ea, _eb = FrameEndpoint(pipe.a), FrameEndpoint(pipe.b)
+    A = Side("a", 4096)
+    A.qp.post_recv(RecvWR(7, [A.sge(0, 64)]))
+    link = ea.connect(Pipe.IP_B, 7000, A.connection(True))
+    assert pipe.run(lambda: link.transport_closed, timeout=5)
+    assert link.conn.state == ConnState.CLOSED and A.qp.state.name == "ERR"
+    [wc] = A.host.recv_cq.poll_cq(4)
+    assert (wc.wr_id, wc.status) == (7, WcStatus.WR_FLUSH_ERR)
+    assert not ea.links
+
+    async def established():
+        with pytest.raises(sockets.ConnectionClosed):
+            await link.established()
+
+    run(established())
+
+
 def test_frames_in_real_time_over_the_qemu_socket_framing(tmp_path):
     import time
 

@@ -90,6 +90,9 @@ class FrameLink(Link):
     def _pump_once(self) -> None:
         tcp, conn = self.tcp, self.conn
         if conn.state == ConnState.IDLE:
+            if tcp.state is TcpState.CLOSED:  # refused, reset or timed out before established
+                conn.connection_lost()
+                self.transport_closed = True
             return
         data = tcp.recv()
         if data:

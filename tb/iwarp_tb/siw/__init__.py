@@ -4,6 +4,8 @@
   into ``build/siw`` and caches it.
 - :mod:`iwarp_tb.siw.guest` boots it (:class:`SiwGuest`, :func:`run_pair`) and parses its result.
 - :mod:`iwarp_tb.siw.netdev` is the host's end of the guest's wire (:class:`SocketNetdev`).
+- :mod:`iwarp_tb.siw.modelpeer` puts the reference model on that wire (:class:`ModelPeer`) and
+  reassembles the recorded TCP streams into MPA frames and FPDUs (:func:`tcp_streams`).
 
 The names below are imported on first use, so ``python -m iwarp_tb.siw.guest`` runs cleanly.
 See README.md in this folder.
@@ -14,7 +16,7 @@ import importlib
 _NAMES = {
     "GuestError": "guest", "GuestResult": "guest", "SiwGuest": "guest", "free_port": "guest",
     "run_pair": "guest", "VARIANTS": "image", "BuildError": "image", "ensure": "image",
-    "SocketNetdev": "netdev",
+    "SocketNetdev": "netdev", "ModelPeer": "modelpeer", "tcp_streams": "modelpeer",
 }
 __all__ = sorted(_NAMES)
 

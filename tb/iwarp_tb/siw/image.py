@@ -45,6 +45,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "stock": {},
     "crc": {"const bool mpa_crc_required;": "const bool mpa_crc_required = true;"},
     "rev1": {"u_char mpa_version = MPA_REVISION_2;": "u_char mpa_version = MPA_REVISION_1;"},
+    "p2p": {"const bool peer_to_peer;": "const bool peer_to_peer = true;"},
 }
 
 # Loaded in this order (each after its dependencies, from modprobe --show-depends), then siw.
