@@ -53,3 +53,37 @@ def test_passive_side_syn_first_and_closed_capture(tmp_path):
         cap.sent(b"late")
     with pytest.raises(ValueError):
         StreamCapture(tmp_path / "x.pcap", ("192.0.2.1", 1), ("192.0.2.2", 2), mss=0)
+
+
+def test_memory_pair_capture_matches_the_wire(tmp_path):
+    """The in-memory transport's pcap carries exactly the bytes that crossed it, and the first
+    segment each way is the MPA Request / Reply on its own."""
+    from iwarp_model.engine import Connection
+    from iwarp_model.transport.memory import MemoryPair
+    from iwarp_model.verbs import Device, QpState
+    from iwarp_model.wire.mpa import KEY_REPLY, KEY_REQUEST
+
+    conns = []
+    for name, active in (("a", True), ("b", False)):
+        dev = Device(name)
+        pd, cq = dev.alloc_pd(), dev.create_cq(8)
+        qp = dev.create_qp(pd, cq, cq)
+        qp.modify(QpState.INIT)
+        conns.append(Connection(qp, active=active, crc=True))
+    path = tmp_path / "m.pcap"
+    with StreamCapture(path, ("192.0.2.1", 40000), ("192.0.2.2", 7174)) as cap:
+        pair = MemoryPair(*conns, record=True, capture=cap)
+        pair.start()
+        conns[0].close()
+        pair.pump()
+    _, frames = read_pcap(path)
+    streams = {7174: b"", 40000: b""}
+    firsts = {}
+    for _, frame in frames:
+        tcp = Ether(frame)[TCP]
+        payload = bytes(tcp.payload)
+        if payload and tcp.dport not in firsts:
+            firsts[tcp.dport] = payload
+        streams[tcp.dport] += payload
+    assert streams[7174] == bytes(pair.wire["ab"]) and streams[40000] == bytes(pair.wire["ba"])
+    assert firsts[7174].startswith(KEY_REQUEST) and firsts[40000].startswith(KEY_REPLY)

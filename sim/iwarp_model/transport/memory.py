@@ -21,15 +21,18 @@ class MemoryPair:
     ``burst`` bounds the bytes taken from one end per turn (whole FPDUs, so a turn may take a
     little more), so large transfers interleave with the other direction as on a real link.
     ``wire`` collects everything sent, per direction (``"ab"``, ``"ba"``), when ``record``.
+    ``capture`` (a :class:`~iwarp_model.capture.StreamCapture` whose local side is ``a``)
+    records the exchange as a pcap, each burst one or more segments.
     """
 
     def __init__(self, a: Connection, b: Connection, *, rng: random.Random | None = None,
-                 burst: int = 1 << 16, record: bool = False):
+                 burst: int = 1 << 16, record: bool = False, capture=None):
         if burst <= 0:
             raise ValueError(f"burst {burst} must be positive")
         self.a, self.b, self.rng, self.burst = a, b, rng, burst
         self.record = record
         self.wire = {"ab": bytearray(), "ba": bytearray()}
+        self.capture = capture
         self.closed = {"ab": False, "ba": False}
         self.deliveries = 0
 
@@ -56,6 +59,8 @@ class MemoryPair:
                     moved += len(data)
                     if self.record:
                         self.wire[key] += data
+                    if self.capture is not None:
+                        (self.capture.sent if key == "ab" else self.capture.received)(data)
                     self._deliver(dst, data)
                 elif src.wants_close:
                     self.closed[key] = True
