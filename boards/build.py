@@ -37,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import failures, format_summary, summarise
+from .common import print_report, summarise
 
 __all__ = [
     "BOARDS", "ROOT", "NEXTPNR_REPORT", "BuildError", "load_board", "nextpnr_device_flags",
@@ -201,13 +201,8 @@ def main(argv=None):
     except BuildError as error:
         print(f"{args.board}: {error}", file=sys.stderr)
         return 1
-    print(format_summary(args.board, report))
-    print(f"  bitstream {build_dir / 'top.bit'}")
-    print(f"  report    {build_dir / 'report.json'}")
-    problems = failures(report)
-    for problem in problems:
-        print(f"FAIL {problem} (logs in {build_dir})", file=sys.stderr)
-    return 1 if problems else 0
+    return print_report(args.board, report, build_dir,
+                        {"bitstream": build_dir / "top.bit", "report": build_dir / "report.json"})
 
 
 if __name__ == "__main__":

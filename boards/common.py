@@ -11,6 +11,7 @@
 Nothing here depends on a particular board; a board module adds its platform, pins and clocks.
 """
 
+import sys
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -432,3 +433,16 @@ def format_summary(board, report):
                      f"{'PASS' if ok else 'FAIL'}")
     lines.append(f"  build time {report['build_seconds']:.1f} s")
     return "\n".join(lines)
+
+
+def print_report(name, report, build_dir, artefacts) -> int:
+    """Print the summary and where ``artefacts`` (``{label: path}``) are; print each failure
+    with the log folder; return the exit status (1 if any clock or tool failed)."""
+    print(format_summary(name, report))
+    for label, path in artefacts.items():
+        print(f"  {label:<9} {path}")
+    problems = failures(report)
+    for problem in problems:
+        print(f"FAIL {problem} (logs in {build_dir})", file=sys.stderr)
+    return 1 if problems else 0
+

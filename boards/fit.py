@@ -47,7 +47,7 @@ from .build import (
     prepare_build_dir,
     run_tool,
 )
-from .common import ClockTarget, failures, format_summary, summarise
+from .common import ClockTarget, print_report, summarise
 
 __all__ = ["DEVICE", "PACKAGE", "SPEED", "DEFAULT_TARGET_MHZ", "fit_dir", "fit", "main"]
 
@@ -144,12 +144,7 @@ def main(argv=None):
         print(f"{args.name}: {error}", file=sys.stderr)
         return 1
     build_dir = fit_dir(args.name, args.out)
-    print(format_summary(args.name, report))
-    print(f"  report    {build_dir / 'report.json'}")
-    problems = failures(report)
-    for problem in problems:
-        print(f"FAIL {problem} (logs in {build_dir})", file=sys.stderr)
-    return 1 if problems else 0
+    return print_report(args.name, report, build_dir, {"report": build_dir / "report.json"})
 
 
 if __name__ == "__main__":
