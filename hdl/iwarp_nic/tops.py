@@ -1,7 +1,8 @@
 """The top-level modules ``make verilog`` generates, by Verilog module name.
 
 Each entry builds a fresh component; :func:`iwarp_nic.axis.convert` gives it AXI-named ports.
-Widths cover the 1G (1 byte), 10G (8 bytes) and widest (64 bytes) configurations.
+Widths cover the 1G (1 byte), 10G (8 bytes) and widest (64 bytes) configurations; the MACs
+are one per PHY interface (GMII: 1 byte, XGMII: 8 bytes).
 """
 
 from amaranth import unsigned
@@ -12,6 +13,7 @@ from .stream import BeatLayout, SkidBuffer
 def tops():
     """``{module_name: factory}`` for every generated top-level module."""
     from .crc import CRC32CEngine, CRC32Engine
+    from .eth import GmiiMac, XgmiiMac
     from .hdrparse import HeaderEmitter, HeaderParser
     from .headers import ETHERNET
 
@@ -23,4 +25,6 @@ def tops():
         tops[f"iwarp_crc32c_w{n}"] = lambda n=n: CRC32CEngine(n)
         tops[f"iwarp_crc32_w{n}"] = lambda n=n: CRC32Engine(n)
     tops["iwarp_skid_u32"] = lambda: SkidBuffer(unsigned(32))
+    tops["iwarp_mac_gmii"] = GmiiMac
+    tops["iwarp_mac_xgmii"] = XgmiiMac
     return tops
