@@ -6,7 +6,9 @@ Each header is described once, as a table of fields in the order of the RFC's di
 * IPv4: RFC 791 section 3.1, with the TOS octet split as RFC 2474 section 3 (DSCP) and
   RFC 3168 section 5 (ECN); the 20-byte header without options;
 * TCP: RFC 9293 section 3.1, whose control bits are CWR, ECE, URG, ACK, PSH, RST, SYN, FIN from
-  the MSB of byte 13 (a single ``flags`` field here); the 20-byte header without options.
+  the MSB of byte 13 (a single ``flags`` field here); the 20-byte header without options;
+* ARP: RFC 826 "Packet format", for Ethernet hardware and IPv4 protocol addresses (28 bytes);
+* ICMP echo: RFC 792 "Echo or Echo Reply Message", the 8 bytes before the echoed data.
 
 A :class:`Field` is placed as in the RFC diagrams: ``offset`` is the byte offset in the header,
 ``bit`` the bit within that byte counted from the most significant one (bit 0 is the first on the
@@ -23,7 +25,7 @@ from typing import NamedTuple
 from amaranth import Cat, Const, Value
 from amaranth.lib import data
 
-__all__ = ["Field", "Gap", "HeaderFormat", "ETHERNET", "IPV4", "TCP"]
+__all__ = ["Field", "Gap", "HeaderFormat", "ETHERNET", "IPV4", "TCP", "ARP", "ICMP_ECHO"]
 
 
 class Field(NamedTuple):
@@ -158,4 +160,24 @@ TCP = HeaderFormat("tcp", [
     Field("window", 14, 0, 16),
     Field("checksum", 16, 0, 16),
     Field("urgent_pointer", 18, 0, 16),
+])
+
+ARP = HeaderFormat("arp", [
+    Field("hw_type", 0, 0, 16),
+    Field("proto_type", 2, 0, 16),
+    Field("hw_len", 4, 0, 8),
+    Field("proto_len", 5, 0, 8),
+    Field("op", 6, 0, 16),
+    Field("sender_mac", 8, 0, 48),
+    Field("sender_ip", 14, 0, 32),
+    Field("target_mac", 18, 0, 48),
+    Field("target_ip", 24, 0, 32),
+])
+
+ICMP_ECHO = HeaderFormat("icmp_echo", [
+    Field("type", 0, 0, 8),
+    Field("code", 1, 0, 8),
+    Field("checksum", 2, 0, 16),
+    Field("identifier", 4, 0, 16),
+    Field("sequence", 6, 0, 16),
 ])

@@ -16,6 +16,7 @@ def tops():
     from .eth import GmiiMac, XgmiiMac
     from .hdrparse import HeaderEmitter, HeaderParser
     from .headers import ETHERNET
+    from .ip import IpStack
 
     tops = {}
     for n in (1, 8, 64):
@@ -24,6 +25,7 @@ def tops():
         tops[f"iwarp_skid_w{n}"] = lambda n=n: SkidBuffer(BeatLayout(n, err=True))
         tops[f"iwarp_crc32c_w{n}"] = lambda n=n: CRC32CEngine(n)
         tops[f"iwarp_crc32_w{n}"] = lambda n=n: CRC32Engine(n)
+        tops[f"iwarp_ip_stack_w{n}"] = lambda n=n: IpStack(n)
     tops["iwarp_skid_u32"] = lambda: SkidBuffer(unsigned(32))
     tops["iwarp_mac_gmii"] = GmiiMac
     tops["iwarp_mac_xgmii"] = XgmiiMac

@@ -1,0 +1,255 @@
+"""ARP for IPv4 over Ethernet: responder, address cache and resolver.
+
+Implements:
+
+* RFC 826 "Packet Reception": a packet is accepted only with hardware type 1 (Ethernet), protocol
+  type 0x0800, lengths 6 and 4 and opcode 1 or 2; the merge rule (an existing entry for the
+  sender's IP is updated from any packet; a new entry is added only when the target is us); a
+  request for our IP is answered with a reply to the requester's hardware address.
+* RFC 826 "Packet Generation" and RFC 1122 section 2.3.2.1: a resolver that broadcasts requests,
+  retransmits them a bounded number of times, and reports failure.
+
+Not implemented (documented limits): cache entries do not age out (RFC 1122 2.3.2.1 asks for a
+timeout; entries here are only overwritten, round-robin, when the cache is full and refreshed by
+the merge rule), and no packet is queued while resolving: the resolver's client waits.
+"""
+
+from amaranth import Module, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..hdrparse import HeaderEmitter, HeaderParser, HeaderStream
+from ..headers import ARP, ETHERNET
+from ..stream import BeatStream, check_data_bytes
+from .ops import Machine, eq, select
+
+__all__ = ["ArpEngine", "check_params", "ETHERTYPE_ARP", "BROADCAST", "COUNTERS"]
+
+ETHERTYPE_ARP = 0x0806
+BROADCAST = (1 << 48) - 1
+OP_REQUEST, OP_REPLY = 1, 2
+
+#: The counters of :class:`ArpEngine`, in port order.
+COUNTERS = ("rx_request", "rx_reply", "rx_bad", "tx_reply", "tx_request", "resolve_fail")
+
+
+def check_params(**params):
+    """Validate :class:`ArpEngine`'s ``entries`` (>= 2), ``retries`` and ``timeout`` (>= 1)."""
+    for name, value in params.items():
+        least = 2 if name == "entries" else 1
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"{name} must be an integer >= {least}, not {value!r}")
+
+
+class ArpEngine(wiring.Component):
+    """ARP responder, cache of ``entries`` (IP, MAC) pairs and resolver.
+
+    Ports
+    -----
+    i : In(BeatStream(data_bytes, err=True))
+        ARP packets: the Ethernet payload of frames with EtherType 0x0806 addressed to us or
+        broadcast, padding included. A packet with ``err`` on its last beat, shorter than 28
+        bytes, or not Ethernet/IPv4 ARP is dropped and counted in ``rx_bad``.
+    o_header : Out(HeaderStream(ETHERNET)); o_payload : Out(BeatStream(data_bytes, err=True))
+        Frames to send: replies (to the requester's MAC) and requests (broadcast), 42 bytes each
+        with no padding (the MAC pads to the minimum frame size).
+    resolve : In(stream.Signature(32))
+        A request to resolve an IPv4 address. The transfer completes (``ready`` high) when the
+        answer is known; during that cycle ``resolve_ok`` and ``resolve_mac`` hold it. A cache
+        hit completes in the cycle it is offered. On a miss a request is broadcast, and again
+        every ``timeout`` cycles, ``retries`` times in all; then the transfer completes with
+        ``resolve_ok`` = 0 and ``resolve_fail`` counts it. The payload must be held stable.
+    mac, ip : In(48), In(32)
+        Our addresses (configuration, expected static while traffic flows).
+    <counter> : Out(32) for each name of :data:`COUNTERS`, wrapping.
+
+    Throughput: an ARP packet takes its beats plus two cycles; a packet that needs a reply waits
+    (back-pressure on ``i``) while the previous reply has not yet been handed to the TX side.
+    Latency: a reply is offered on ``o_header`` three cycles after the packet's last beat.
+    """
+
+    def __init__(self, data_bytes, *, entries=8, retries=3, timeout=1 << 20):
+        check_data_bytes(data_bytes)
+        check_params(entries=entries, retries=retries, timeout=timeout)
+        self.data_bytes = data_bytes
+        self.entries, self.retries, self.timeout = entries, retries, timeout
+        members = {
+            "i": In(BeatStream(data_bytes, err=True)),
+            "o_header": Out(HeaderStream(ETHERNET)),
+            "o_payload": Out(BeatStream(data_bytes, err=True)),
+            "resolve": In(stream.Signature(32)),
+            "resolve_ok": Out(1),
+            "resolve_mac": Out(48),
+            "mac": In(48),
+            "ip": In(32),
+        }
+        members.update({name: Out(32) for name in COUNTERS})
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self.data_bytes
+        m.submodules.parser = parser = HeaderParser(ARP, n, err=True)
+        m.submodules.emitter = emitter = HeaderEmitter(ARP, n, err=True)
+        wiring.connect(m, wiring.flipped(self.i), parser.i)
+        wiring.connect(m, emitter.o, wiring.flipped(self.o_payload))
+
+        def count(name, strobe):
+            counter = getattr(self, name)
+            with m.If(strobe):
+                m.d.sync += counter.eq(counter + 1)
+
+        # --- the cache: `entries` registers, searched in parallel -----------------------------
+        valid = Signal(self.entries)
+        ips = [Signal(32, name=f"cache_ip{k}") for k in range(self.entries)]
+        macs = [Signal(48, name=f"cache_mac{k}") for k in range(self.entries)]
+        victim = Signal(range(self.entries))
+        next_victim = select(m, victim, [*range(1, self.entries), 0], len(victim), "next_victim")
+
+        def lookup(ip, name):
+            """(hit, mac) of ``ip`` in the cache, combinational."""
+            hit = Signal(name=f"{name}_hit")
+            mac = Signal(48, name=f"{name}_mac")
+            for k in range(self.entries):
+                with m.If(valid[k] & (ips[k] == ip)):
+                    m.d.comb += [hit.eq(1), mac.eq(macs[k])]
+            return hit, mac
+
+        # --- RX: parse, wait for the end of the packet (err), then act --------------------------
+        hdr = parser.o_header
+        f = hdr.payload.fields
+        bad_end = Signal()                      # the packet's last beat had err
+        reply_pending = Signal()
+        reply_mac = Signal(48)
+        reply_ip = Signal(32)
+        is_request, is_reply = eq(f.op, OP_REQUEST), eq(f.op, OP_REPLY)
+        well_formed = (eq(f.hw_type, 1) & eq(f.proto_type, 0x0800) & eq(f.hw_len, 6)
+                       & eq(f.proto_len, 4) & (is_request | is_reply))
+        for_us = f.target_ip == self.ip
+        wants_reply = is_request & for_us
+        learn_hit, _ = lookup(f.sender_ip, "learn")
+        free = Signal(range(self.entries))
+        has_free = Signal()
+        for k in reversed(range(self.entries)):
+            with m.If(~valid[k]):
+                m.d.comb += [free.eq(k), has_free.eq(1)]
+
+        rx = Machine(m, ["IDLE", "DRAIN", "DECIDE"], "rx_state")
+        with rx.state("IDLE"):
+            with m.If(hdr.valid):
+                m.d.sync += bad_end.eq(0)
+                with m.If(hdr.payload.has_payload):
+                    rx.goto("DRAIN")
+                with m.Else():
+                    rx.goto("DECIDE")
+        with rx.state("DRAIN"):
+            m.d.comb += parser.o_payload.ready.eq(1)
+            with m.If(parser.o_payload.valid & parser.o_payload.payload.last):
+                m.d.sync += bad_end.eq(parser.o_payload.payload.err)
+                rx.goto("DECIDE")
+        with rx.state("DECIDE"):
+            drop = bad_end | ~well_formed
+            m.d.comb += hdr.ready.eq(drop | ~wants_reply | ~reply_pending)
+            with m.If(hdr.ready):
+                rx.goto("IDLE")
+                count("rx_bad", drop)
+                count("rx_request", ~drop & is_request)
+                count("rx_reply", ~drop & is_reply)
+                with m.If(~drop & f.sender_ip.any()):
+                    # RFC 826 merge: update any entry for the sender, add one if for us.
+                    for k in range(self.entries):
+                        with m.If(valid[k] & (ips[k] == f.sender_ip)):
+                            m.d.sync += macs[k].eq(f.sender_mac)
+                    with m.If(~learn_hit & for_us):
+                        slot = Signal(range(self.entries))
+                        m.d.comb += slot.eq(victim)
+                        with m.If(has_free):
+                            m.d.comb += slot.eq(free)
+                        with m.Else():
+                            m.d.sync += victim.eq(next_victim)
+                        for k in range(self.entries):
+                            with m.If(eq(slot, k)):
+                                m.d.sync += [valid[k].eq(1), ips[k].eq(f.sender_ip),
+                                             macs[k].eq(f.sender_mac)]
+                with m.If(~drop & wants_reply):
+                    m.d.sync += [reply_pending.eq(1), reply_mac.eq(f.sender_mac),
+                                 reply_ip.eq(f.sender_ip)]
+
+        # --- resolver ----------------------------------------------------------------------------
+        req_pending = Signal()
+        req_ip = Signal(32)
+        tries = Signal(range(self.retries + 1))
+        timer = Signal(range(self.timeout + 1))
+        res_hit, res_mac = lookup(self.resolve.payload, "resolve")
+        m.d.comb += self.resolve_mac.eq(res_mac)
+        resolver = Machine(m, ["IDLE", "WAIT"], "resolver_state")
+        with resolver.state("IDLE"):
+            with m.If(self.resolve.valid):
+                with m.If(res_hit):
+                    m.d.comb += [self.resolve.ready.eq(1), self.resolve_ok.eq(1)]
+                with m.Elif(~req_pending):
+                    m.d.sync += [req_pending.eq(1), req_ip.eq(self.resolve.payload),
+                                 tries.eq(1), timer.eq(self.timeout)]
+                    resolver.goto("WAIT")
+        with resolver.state("WAIT"):
+            with m.If(res_hit):
+                m.d.comb += [self.resolve.ready.eq(1), self.resolve_ok.eq(1)]
+                resolver.goto("IDLE")
+            with m.Elif(~req_pending):
+                with m.If(timer.any()):
+                    m.d.sync += timer.eq(timer - 1)
+                with m.Elif(eq(tries, self.retries)):
+                    m.d.comb += self.resolve.ready.eq(1)
+                    count("resolve_fail", 1)
+                    resolver.goto("IDLE")
+                with m.Else():
+                    m.d.sync += [req_pending.eq(1), tries.eq(tries + 1),
+                                 timer.eq(self.timeout)]
+
+        # --- TX: one frame at a time, replies first ----------------------------------------------
+        tx_op = Signal(16)
+        tx_mac = Signal(48)                     # target hardware address (0 in a request)
+        tx_ip = Signal(32)
+        tx_dst = Signal(48)
+        eth_done = Signal()
+        arp_done = Signal()
+        oh, eh = self.o_header, emitter.i_header
+        m.d.comb += [
+            oh.payload.fields.dst.eq(tx_dst),
+            oh.payload.fields.src.eq(self.mac),
+            oh.payload.fields.ethertype.eq(ETHERTYPE_ARP),
+            oh.payload.has_payload.eq(1),
+            eh.payload.fields.hw_type.eq(1),
+            eh.payload.fields.proto_type.eq(0x0800),
+            eh.payload.fields.hw_len.eq(6),
+            eh.payload.fields.proto_len.eq(4),
+            eh.payload.fields.op.eq(tx_op),
+            eh.payload.fields.sender_mac.eq(self.mac),
+            eh.payload.fields.sender_ip.eq(self.ip),
+            eh.payload.fields.target_mac.eq(tx_mac),
+            eh.payload.fields.target_ip.eq(tx_ip),
+            eh.payload.has_payload.eq(0),
+        ]
+        tx = Machine(m, ["IDLE", "SEND"], "tx_state")
+        with tx.state("IDLE"):
+            m.d.sync += [eth_done.eq(0), arp_done.eq(0)]
+            with m.If(reply_pending):
+                m.d.sync += [reply_pending.eq(0), tx_op.eq(OP_REPLY), tx_mac.eq(reply_mac),
+                             tx_ip.eq(reply_ip), tx_dst.eq(reply_mac)]
+                tx.goto("SEND")
+            with m.Elif(req_pending):
+                m.d.sync += [req_pending.eq(0), tx_op.eq(OP_REQUEST), tx_mac.eq(0),
+                             tx_ip.eq(req_ip), tx_dst.eq(BROADCAST)]
+                tx.goto("SEND")
+        with tx.state("SEND"):
+            m.d.comb += [oh.valid.eq(~eth_done), eh.valid.eq(~arp_done)]
+            eth_now = eth_done | oh.ready
+            arp_now = arp_done | eh.ready
+            m.d.sync += [eth_done.eq(eth_now), arp_done.eq(arp_now)]
+            with m.If(eth_now & arp_now):
+                count("tx_reply", eq(tx_op, OP_REPLY))
+                count("tx_request", eq(tx_op, OP_REQUEST))
+                tx.goto("IDLE")
+        m.d.comb += emitter.i_payload.valid.eq(0)
+        return m
+

@@ -1,0 +1,165 @@
+"""ICMP echo responder: every Echo Request to us is answered with an Echo Reply.
+
+Implements:
+
+* RFC 792 "Echo or Echo Reply Message": type 8 code 0 answered with type 0, identifier,
+  sequence number and data echoed, source and destination swapped;
+* RFC 1122 section 3.2.2.6: the reply carries the request's data whole; section 3.2.2: a message
+  with a bad checksum is discarded (here: a reply found bad at its end is sent with ``err`` on
+  its last beat, which makes the MAC abort it, and is counted);
+* RFC 1624 section 3 (eqn. 3): the reply checksum is the request's, incrementally updated for
+  the type change, so no second pass over the data is needed;
+* RFC 1071: the request's checksum is verified with a running ones' complement sum over the
+  beats, at any width.
+
+Other ICMP types are dropped and counted.
+"""
+
+from amaranth import Const, Module, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..hdrparse import HeaderEmitter, HeaderParser, HeaderStream
+from ..headers import ICMP_ECHO, IPV4
+from ..stream import BeatStream, check_data_bytes
+from .checksum import lane_words, ones_sum, words
+from .ipv4 import TxRequest
+from .ops import Machine, eq, ne, sub
+
+__all__ = ["IcmpEcho", "PROTO_ICMP", "COUNTERS"]
+
+PROTO_ICMP = 1
+ECHO_REPLY, ECHO_REQUEST = 0, 8
+#: ``~m + m'`` of RFC 1624 eqn. 3 for the first word (type, code) going from 8 to 0.
+TYPE_DELTA = ~(ECHO_REQUEST << 8) & 0xFFFF
+
+#: Counters of :class:`IcmpEcho`.
+COUNTERS = ("icmp_replies", "icmp_dropped", "icmp_bad_checksum")
+
+
+class IcmpEcho(wiring.Component):
+    """Answer ICMP echo requests.
+
+    Ports
+    -----
+    i_header : In(HeaderStream(IPV4)); i_payload : In(BeatStream(data_bytes, err=True))
+        Datagrams with protocol 1 from :class:`.ipv4.Ipv4Rx`.
+    o_header : Out(stream.Signature(TxRequest)); o_payload : Out(BeatStream(data_bytes, err=True))
+        Echo replies for :class:`.ipv4.Ipv4Tx`: destination the request's source, protocol 1,
+        the same length. ``err`` on the last beat when the request's checksum was wrong or its
+        frame was bad (``icmp_bad_checksum`` counts the former).
+    icmp_replies, icmp_dropped, icmp_bad_checksum : Out(32)
+        Replies started; messages dropped whole (not an echo request, shorter than 8 bytes, or a
+        header-only request with a bad checksum).
+
+    The reply streams through: the request's data beats are passed to ``o_payload`` as they
+    arrive, so the input is back-pressured while the reply waits for the TX side. Latency: the
+    reply's request is offered two cycles after the ICMP header is complete; each data beat
+    takes two registered stages (the parser, the emitter). Throughput: one beat per cycle within
+    a message, plus about three cycles per message.
+    """
+
+    def __init__(self, data_bytes):
+        check_data_bytes(data_bytes)
+        self.data_bytes = data_bytes
+        members = {
+            "i_header": In(HeaderStream(IPV4)),
+            "i_payload": In(BeatStream(data_bytes, err=True)),
+            "o_header": Out(stream.Signature(TxRequest)),
+            "o_payload": Out(BeatStream(data_bytes, err=True)),
+        }
+        members.update({name: Out(32) for name in COUNTERS})
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self.data_bytes
+
+        def count(name, strobe):
+            counter = getattr(self, name)
+            with m.If(strobe):
+                m.d.sync += counter.eq(counter + 1)
+
+        m.submodules.parser = parser = HeaderParser(ICMP_ECHO, n, err=True)
+        m.submodules.emitter = emitter = HeaderEmitter(ICMP_ECHO, n, err=True)
+        wiring.connect(m, wiring.flipped(self.i_payload), parser.i)
+        wiring.connect(m, emitter.o, wiring.flipped(self.o_payload))
+
+        src = Signal(32)
+        length = Signal(16)
+        h, p = parser.o_header, parser.o_payload
+        f = h.payload.fields
+        tx_done = Signal()
+        msg_done = Signal()
+        acc = Signal(16)                        # running ones' complement sum
+        odd = Signal()                          # 1-byte beats: next byte is a low byte
+
+        head_sum = ones_sum(m, words(ICMP_ECHO.pack(f), ICMP_ECHO.length), "head_sum")
+        is_echo = eq(f.type, ECHO_REQUEST) & ~f.code.any()
+
+        oh, eh = self.o_header, emitter.i_header
+        m.d.comb += [
+            oh.payload.dst.eq(src), oh.payload.protocol.eq(PROTO_ICMP),
+            oh.payload.length.eq(length),
+            eh.payload.fields.eq(f),
+            eh.payload.fields.type.eq(ECHO_REPLY),
+            eh.payload.fields.checksum.eq(
+                ~ones_sum(m, [~f.checksum, Const(TYPE_DELTA, 16)], "reply_sum")),
+            eh.payload.has_payload.eq(h.payload.has_payload),
+        ]
+
+        beat = p.payload
+        beat_sum = ones_sum(m, [acc, *lane_words(beat.data, beat.keep, odd)], "beat_sum")
+        bad_sum = beat.last & ne(beat_sum, 0xFFFF)
+        m.d.comb += [emitter.i_payload.payload.eq(beat),
+                     emitter.i_payload.payload.err.eq(beat.err | bad_sum)]
+
+        fsm = Machine(m, ["IDLE", "MESSAGE", "REPLY", "ECHO", "DRAIN"], "fsm_state")
+        with fsm.state("IDLE"):
+            m.d.comb += self.i_header.ready.eq(1)
+            m.d.sync += [tx_done.eq(0), msg_done.eq(0), odd.eq(0)]
+            with m.If(self.i_header.valid):
+                m.d.sync += [src.eq(self.i_header.payload.fields.src),
+                             length.eq(sub(self.i_header.payload.fields.total_length, 20))]
+                with m.If(self.i_header.payload.has_payload):
+                    fsm.goto("MESSAGE")
+                with m.Else():
+                    count("icmp_dropped", 1)
+        with fsm.state("MESSAGE"):
+            with m.If(parser.drop):
+                count("icmp_dropped", 1)
+                fsm.goto("IDLE")
+            with m.Elif(h.valid):
+                with m.If(~is_echo | (~h.payload.has_payload & ne(head_sum, 0xFFFF))):
+                    m.d.comb += h.ready.eq(1)
+                    count("icmp_dropped", 1)
+                    fsm.goto("DRAIN")
+                    with m.If(~h.payload.has_payload):
+                        fsm.goto("IDLE")
+                with m.Else():
+                    m.d.sync += acc.eq(head_sum)
+                    fsm.goto("REPLY")
+        with fsm.state("REPLY"):
+            m.d.comb += [oh.valid.eq(~tx_done), eh.valid.eq(~msg_done)]
+            tx_now = tx_done | oh.ready
+            msg_now = msg_done | eh.ready
+            m.d.sync += [tx_done.eq(tx_now), msg_done.eq(msg_now)]
+            m.d.comb += h.ready.eq(tx_now & msg_now)
+            with m.If(tx_now & msg_now):
+                count("icmp_replies", 1)
+                fsm.goto("ECHO")
+                with m.If(~h.payload.has_payload):
+                    fsm.goto("IDLE")
+        with fsm.state("ECHO"):
+            m.d.comb += [emitter.i_payload.valid.eq(p.valid),
+                         p.ready.eq(emitter.i_payload.ready)]
+            with m.If(p.valid & p.ready):
+                m.d.sync += [acc.eq(beat_sum), odd.eq(~odd)]
+                with m.If(beat.last):
+                    count("icmp_bad_checksum", bad_sum)
+                    fsm.goto("IDLE")
+        with fsm.state("DRAIN"):
+            m.d.comb += p.ready.eq(1)
+            with m.If(p.valid & beat.last):
+                fsm.goto("IDLE")
+        return m

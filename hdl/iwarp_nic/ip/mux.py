@@ -1,0 +1,155 @@
+"""Steering parsed packets: a demultiplexer and a round-robin arbiter for header + payload pairs.
+
+No protocol is implemented here; these are the switches between the RFC 826 / 791 / 792 blocks
+of :mod:`iwarp_nic.ip`. A packet is a header transfer and, when the header says so, one packet of
+payload beats (DESIGN.md section 2); both blocks keep a packet's header and payload together.
+"""
+
+from amaranth import Module, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..stream import BeatStream, check_data_bytes
+from .ops import eq, select
+
+__all__ = ["Demux", "Arbiter"]
+
+
+def _check_ways(ways, least):
+    if not isinstance(ways, int) or ways < least:
+        raise ValueError(f"ways must be an integer >= {least}, not {ways!r}")
+
+
+class Demux(wiring.Component):
+    """Route each packet to one of ``ways`` outputs, or drop it.
+
+    Ports
+    -----
+    i_header : In(stream.Signature(header_shape))
+        ``header_shape`` is a struct with a ``has_payload`` member (a ``HeaderStream`` payload).
+    i_payload : In(BeatStream(data_bytes, err=True))
+        One payload packet per header with ``has_payload`` set.
+    sel : In(range(ways + 1))
+        The way of the header offered on ``i_header``, decided combinationally by the owner from
+        ``i_header.payload``; ``ways`` drops the packet (header and payload consumed, discarded).
+    o_header[k] : Out(stream.Signature(header_shape))
+        Only when ``headers`` is true: the headers routed to way ``k``. Otherwise headers are
+        consumed here and only payloads leave.
+    o_payload[k] : Out(BeatStream(data_bytes, err=True))
+        The payloads routed to way ``k``.
+
+    Purely combinational between input and output (no register, zero latency). Throughput: one
+    beat per cycle within a payload; the header takes a cycle of its own, so a packet costs its
+    payload beats plus one cycle. Back-pressure passes straight through from the selected output.
+    """
+
+    def __init__(self, header_shape, data_bytes, ways, *, headers=True):
+        check_data_bytes(data_bytes)
+        _check_ways(ways, 1)
+        self.ways = ways
+        self.headers = headers
+        members = {
+            "i_header": In(stream.Signature(header_shape)),
+            "i_payload": In(BeatStream(data_bytes, err=True)),
+            "sel": In(range(ways + 1)),
+            "o_payload": Out(BeatStream(data_bytes, err=True)).array(ways),
+        }
+        if headers:
+            members["o_header"] = Out(stream.Signature(header_shape)).array(ways)
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        hdr, pay = self.i_header, self.i_payload
+        busy = Signal()
+        way = Signal(range(self.ways + 1))
+
+        with m.If(~busy):
+            for k in range(self.ways):
+                with m.If(eq(self.sel, k)):
+                    if self.headers:
+                        out = self.o_header[k]
+                        m.d.comb += [out.valid.eq(hdr.valid), out.payload.eq(hdr.payload),
+                                     hdr.ready.eq(out.ready)]
+                    else:
+                        m.d.comb += hdr.ready.eq(1)
+            with m.If(eq(self.sel, self.ways)):
+                m.d.comb += hdr.ready.eq(1)
+            with m.If(hdr.valid & hdr.ready & hdr.payload.has_payload):
+                m.d.sync += [busy.eq(1), way.eq(self.sel)]
+        with m.Else():
+            m.d.comb += pay.ready.eq(eq(way, self.ways))
+            for k in range(self.ways):
+                out = self.o_payload[k]
+                with m.If(eq(way, k)):
+                    m.d.comb += [out.valid.eq(pay.valid), out.payload.eq(pay.payload),
+                                 pay.ready.eq(out.ready)]
+            with m.If(pay.valid & pay.ready & pay.payload.last):
+                m.d.sync += busy.eq(0)
+        return m
+
+
+class Arbiter(wiring.Component):
+    """Merge ``ways`` sources of packets (a header and exactly one payload packet each) into one,
+    round-robin, never interleaving two packets.
+
+    Ports
+    -----
+    i_header[k] : In(stream.Signature(header_shape)); i_payload[k] : In(BeatStream(.., err=True))
+    o_header : Out(stream.Signature(header_shape)); o_payload : Out(BeatStream(.., err=True))
+
+    A source is granted when its header is taken; its payload is then passed until its last beat,
+    and the next grant goes to the first requesting source after it. Combinational (zero
+    latency); a packet costs one cycle for its header plus its payload beats. Back-pressure
+    passes straight through.
+    """
+
+    def __init__(self, header_shape, data_bytes, ways):
+        check_data_bytes(data_bytes)
+        _check_ways(ways, 2)
+        self.ways = ways
+        super().__init__({
+            "i_header": In(stream.Signature(header_shape)).array(ways),
+            "i_payload": In(BeatStream(data_bytes, err=True)).array(ways),
+            "o_header": Out(stream.Signature(header_shape)),
+            "o_payload": Out(BeatStream(data_bytes, err=True)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        busy = Signal()
+        grant = Signal(range(self.ways))
+        # Round robin: `after` has a bit set for each way after the last granted one.
+        after = Signal(self.ways)
+        pick = Signal(range(self.ways))
+        req = [h.valid for h in self.i_header]
+
+        # The lowest requesting way after the last grant, else the lowest requesting way.
+        for k in reversed(range(self.ways)):
+            with m.If(req[k]):
+                m.d.comb += pick.eq(k)
+        for k in reversed(range(self.ways)):
+            with m.If(req[k] & after[k]):
+                m.d.comb += pick.eq(k)
+        next_after = select(m, pick, [(1 << self.ways) - (2 << k) for k in range(self.ways)],
+                            self.ways, "next_after")
+
+        with m.If(~busy):
+            for k in range(self.ways):
+                with m.If(eq(pick, k)):
+                    src = self.i_header[k]
+                    m.d.comb += [self.o_header.valid.eq(src.valid),
+                                 self.o_header.payload.eq(src.payload),
+                                 src.ready.eq(self.o_header.ready)]
+            with m.If(self.o_header.valid & self.o_header.ready):
+                m.d.sync += [busy.eq(1), grant.eq(pick), after.eq(next_after)]
+        with m.Else():
+            for k in range(self.ways):
+                with m.If(eq(grant, k)):
+                    src = self.i_payload[k]
+                    m.d.comb += [self.o_payload.valid.eq(src.valid),
+                                 self.o_payload.payload.eq(src.payload),
+                                 src.ready.eq(self.o_payload.ready)]
+            with m.If(self.o_payload.valid & self.o_payload.ready & self.o_payload.payload.last):
+                m.d.sync += busy.eq(0)
+        return m
