@@ -24,6 +24,7 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..crc import CRC32Engine
+from ..exact import add, eq, gt, lt, mask, select
 from ..stream import BeatStream, check_data_bytes
 
 __all__ = ["PREAMBLE", "MIN_FRAME", "MAX_FRAME", "IFG", "LineLayout", "RunLayout", "TxFramer",
@@ -63,67 +64,15 @@ def _crc_latency(data_bytes):
     return 3 + data_bytes.bit_length() - 1  # CRC32Engine.latency
 
 
-def _mask(n):
-    return (1 << n) - 1
-
-
-# Verilator -Wall wants both operands of an operator equally wide and every case statement
-# complete, but Amaranth writes a constant operand with only the bits its value needs. A constant
-# with its top bit set is full width, so these compare and add through such constants.
-
-def _top_set(value, width):
-    return value >> (width - 1) & 1
-
-
-def _eq(a, value):
-    """``a == value``."""
-    w = len(a)
-    return a == value if _top_set(value, w) else ~a == Const(~value & _mask(w), w)
-
-
-def _lt(a, value):
-    """``a < value`` (unsigned; ``~a > ~value``)."""
-    w = len(a)
-    return a < value if _top_set(value, w) else ~a > Const(~value & _mask(w), w)
-
-
-def _gt(a, value):
-    """``a > value`` (unsigned; ``~a < ~value``)."""
-    w = len(a)
-    return a > value if _top_set(value, w) else ~a < Const(~value & _mask(w), w)
-
-
-def _add(a, value):
-    """``a + value`` modulo ``2**len(a)``, for ``0 < value < 2**len(a)``."""
-    w = len(a)
-    if value == 1 or _top_set(value, w):
-        return a + Const(value, w)
-    return a - Const((1 << w) - value, w)
-
-
 def _widen(m, value, width, name):
     """A ``width``-bit Signal equal to the small unsigned ``value`` (a table: Amaranth would
     fold a plain zero-extension back into a narrow operand)."""
-    return _table(m, value, {j: j for j in range(1 << len(value))}, width, name)
-
-
-def _table(m, sel, entries, width, name):
-    """A ``width``-bit Signal equal to ``entries[sel]``: a case per key, the last key's entry
-    also standing for every value of ``sel`` not listed."""
-    out = Signal(width, name=name)
-    *cases, (_, fallback) = entries.items()
-    with m.Switch(sel):
-        for key, value in cases:
-            with m.Case(key):
-                m.d.comb += out.eq(value)
-        with m.Default():
-            m.d.comb += out.eq(fallback)
-    return out
+    return select(m, value, {j: j for j in range(1 << len(value))}, width, name)
 
 
 def _by_keep(m, keep, func, width, name):
-    """``_table`` keyed by a contiguous, non-empty ``keep`` of ``k`` lanes: ``func(k)``."""
-    return _table(m, keep, {_mask(k): func(k) for k in range(1, len(keep) + 1)}, width, name)
+    """``select`` keyed by a contiguous, non-empty ``keep`` of ``k`` lanes: ``func(k)``."""
+    return select(m, keep, {mask(k): func(k) for k in range(1, len(keep) + 1)}, width, name)
 
 
 def _delay(m, value, cycles, name):
@@ -177,7 +126,7 @@ class TxFramer(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         n = self.data_bytes
-        full = Const(_mask(n), n)
+        full = Const(mask(n), n)
         m.submodules.crc = crc = CRC32Engine(n)
         m.d.comb += crc.o.ready.eq(1)
 
@@ -202,10 +151,10 @@ class TxFramer(wiring.Component):
         masked = Cat(beat.data.word_select(j, 8) & beat.keep[j].replicate(8) for j in range(n))
         beat_bytes = _by_keep(m, beat.keep, lambda k: k, len(count), "beat_bytes")
         # Lanes of padding the current beat needs to reach min_data bytes (none from there on).
-        pad_keep = _table(m, count, {**{c: _mask(min(min_data - c, n)) for c in range(min_data)},
+        pad_keep = select(m, count, {**{c: mask(min(min_data - c, n)) for c in range(min_data)},
                                      min_data: 0}, n, "pad_keep")
-        pads_more = _lt(count, min_data - n)  # a full beat here still leaves it short
-        pre_word = _table(m, pre, {j: int.from_bytes(PREAMBLE[n * j:n * (j + 1)], "little")
+        pads_more = lt(count, min_data - n)  # a full beat here still leaves it short
+        pre_word = select(m, pre, {j: int.from_bytes(PREAMBLE[n * j:n * (j + 1)], "little")
                                    for j in range(8 // n)}, 8 * n, "pre_word")
         final_keep = Signal(n)
         gaps = _by_keep(m, final_keep, lambda k: self.gap_slots(n, k), len(gap), "gaps")
@@ -213,11 +162,11 @@ class TxFramer(wiring.Component):
         def final(keep, err):
             m.d.comb += [s_last.eq(1), s_err.eq(err), final_keep.eq(keep)]
             m.d.sync += [gap.eq(gaps), count.eq(0), frame_err.eq(0), state.eq(gap_state),
-                         self.frames.eq(_add(self.frames, 1))]
+                         self.frames.eq(add(self.frames, 1))]
 
         def pad_or_final(keep, err):
             with m.If(pads_more):
-                m.d.sync += [count.eq(_add(count, n)), frame_err.eq(err),
+                m.d.sync += [count.eq(add(count, n)), frame_err.eq(err),
                              state.eq(pad_state)]
             with m.Else():
                 final(keep, err)
@@ -234,13 +183,13 @@ class TxFramer(wiring.Component):
                 m.d.sync += [pre.eq(1), state.eq(pre_state if n < 8 else data_state)]
         with m.Elif(state[1]):  # preamble
             m.d.comb += [s_data.eq(pre_word), s_keep.eq(full)]
-            m.d.sync += pre.eq(_add(pre, 1))
-            with m.If(_eq(pre, 8 // n - 1)):
+            m.d.sync += pre.eq(add(pre, 1))
+            with m.If(eq(pre, 8 // n - 1)):
                 m.d.sync += state.eq(data_state)
         with m.Elif(state[2]):  # frame data
             m.d.comb += [self.i.ready.eq(1), s_frame.eq(1)]
             with m.If(self.i.valid):
-                with m.If(_lt(count, min_data)):
+                with m.If(lt(count, min_data)):
                     m.d.sync += count.eq(count + beat_bytes)
                 m.d.comb += [s_data.eq(masked), s_keep.eq(beat.keep | pad_keep)]
                 with m.If(beat.last):
@@ -249,16 +198,16 @@ class TxFramer(wiring.Component):
                 # Underrun: end the frame here, bad, and drop the rest of the source frame.
                 m.d.comb += [s_data.eq(0), s_keep.eq(full)]
                 m.d.sync += [discard.eq(1),
-                             self.underruns.eq(_add(self.underruns, 1))]
+                             self.underruns.eq(add(self.underruns, 1))]
                 pad_or_final(full, 1)
         with m.Elif(state[3]):  # padding
             m.d.comb += [s_data.eq(0), s_keep.eq(pad_keep), s_frame.eq(1)]
-            m.d.sync += count.eq(_add(count, n))
+            m.d.sync += count.eq(add(count, n))
             with m.If(~pads_more):
                 final(pad_keep, frame_err)
         with m.Else():  # the gap
             m.d.sync += gap.eq(gap - 1)
-            with m.If(_eq(gap, 1)):
+            with m.If(eq(gap, 1)):
                 m.d.sync += state.eq(idle)
 
         m.d.comb += [
@@ -284,7 +233,7 @@ class TxFramer(wiring.Component):
             m.d.sync += [
                 self.line.data.eq(out.data | _by_keep(m, out.keep, lambda k: fcs << 8 * k,
                                                       8 * n, "with_fcs")),
-                self.line.keep.eq(_by_keep(m, out.keep, lambda k: _mask(min(n, k + _FCS)), n,
+                self.line.keep.eq(_by_keep(m, out.keep, lambda k: mask(min(n, k + _FCS)), n,
                                            "fcs_keep")),
                 tail.eq(_by_keep(m, out.keep, lambda k: fcs >> 8 * (n - k), 32, "spill")),
                 tail_n.eq(_by_keep(m, out.keep, lambda k: max(0, _FCS - (n - k)), len(tail_n),
@@ -293,12 +242,12 @@ class TxFramer(wiring.Component):
         with m.Elif(tail_n.any()):
             m.d.sync += [
                 self.line.data.eq(tail),
-                self.line.keep.eq(_table(m, tail_n, {j: _mask(min(n, j))
+                self.line.keep.eq(select(m, tail_n, {j: mask(min(n, j))
                                                      for j in range(1, _FCS + 1)}, n, "tail_keep")),
             ]
             if n < _FCS:
-                rest = _add(tail_n, (1 << len(tail_n)) - n)  # tail_n - n
-                m.d.sync += [tail.eq(tail >> 8 * n), tail_n.eq(Mux(_gt(tail_n, n), rest, 0))]
+                rest = add(tail_n, (1 << len(tail_n)) - n)  # tail_n - n
+                m.d.sync += [tail.eq(tail >> 8 * n), tail_n.eq(Mux(gt(tail_n, n), rest, 0))]
             else:
                 m.d.sync += tail_n.eq(0)
         with m.Else():
@@ -367,30 +316,30 @@ class RxChecker(wiring.Component):
         held_fcs = Signal(32)
         held_flags = Signal(3)
         count = Signal(15)  # frame bytes delivered so far, saturating
-        lanes = _table(m, run.n, {j: _mask(j) for j in range(n + 1)}, n, "run_lanes")
+        lanes = select(m, run.n, {j: mask(j) for j in range(n + 1)}, n, "run_lanes")
         fresh = Cat(run.data.word_select(j, 8) & lanes[j].replicate(8) for j in range(n))
         combined = Signal(8 * cap)
-        m.d.comb += combined.eq(acc | _table(m, acc_n, {s: fresh << 8 * s
+        m.d.comb += combined.eq(acc | select(m, acc_n, {s: fresh << 8 * s
                                                         for s in range(n + _FCS + 1)},
                                              8 * cap, "placed"))
         total = Signal(15)  # bytes in acc and the run together
         m.d.comb += total.eq(acc_n + _widen(m, run.n, 15, "run_n"))
         # At the end of a frame, `total - 4` of them are the payload and 4 the FCS.
-        fcs_at = _table(m, total, {t: (combined >> 8 * (t - _FCS))[:32]
+        fcs_at = select(m, total, {t: (combined >> 8 * (t - _FCS))[:32]
                                    for t in range(_FCS + 1, cap + 1)}, 32, "fcs_at")
-        end_keep = _table(m, total, {t: _mask(min(n, t - _FCS))
+        end_keep = select(m, total, {t: mask(min(n, t - _FCS))
                                      for t in range(_FCS + 1, cap + 1)}, n, "end_keep")
-        flush_keep = _table(m, acc_n, {j: _mask(j) for j in range(1, n + 1)}, n, "flush_keep")
+        flush_keep = select(m, acc_n, {j: mask(j) for j in range(1, n + 1)}, n, "flush_keep")
         length = Signal(15)  # the frame with its FCS, at its end
         m.d.comb += length.eq(count + total)
-        flags = Cat(run.err, _lt(length, MIN_FRAME), _gt(length, self.max_frame))
+        flags = Cat(run.err, lt(length, MIN_FRAME), gt(length, self.max_frame))
 
         b_valid = Signal()
         b = Signal(data.StructLayout({"data": 8 * n, "keep": n, "last": 1, "fcs": 32,
                                       "phy": 1, "runt": 1, "big": 1}))
         tiny = Signal()  # a frame with nothing to deliver: a runt counted here
         b_flags = Cat(b.phy, b.runt, b.big)
-        full = Const(_mask(n), n)
+        full = Const(mask(n), n)
 
         with m.If(flush):
             m.d.comb += [b_valid.eq(1), b.data.eq(acc), b.keep.eq(flush_keep), b.last.eq(1),
@@ -398,21 +347,21 @@ class RxChecker(wiring.Component):
             m.d.sync += [flush.eq(0), acc.eq(0), acc_n.eq(0), count.eq(0)]
         with m.Elif(run.end):
             m.d.sync += [acc.eq(0), acc_n.eq(0), count.eq(0)]
-            with m.If(_lt(total, _FCS + 1)):
+            with m.If(lt(total, _FCS + 1)):
                 m.d.comb += tiny.eq(1)
-            with m.Elif(_lt(total, n + _FCS + 1)):
+            with m.Elif(lt(total, n + _FCS + 1)):
                 m.d.comb += [b_valid.eq(1), b.data.eq(combined), b.keep.eq(end_keep),
                              b.last.eq(1), b.fcs.eq(fcs_at), b_flags.eq(flags)]
             with m.Else():
                 m.d.comb += [b_valid.eq(1), b.data.eq(combined), b.keep.eq(full)]
                 m.d.sync += [acc.eq(combined >> 8 * n),
-                             acc_n.eq(_add(total, (1 << len(total)) - n - _FCS)), flush.eq(1),
+                             acc_n.eq(add(total, (1 << len(total)) - n - _FCS)), flush.eq(1),
                              held_fcs.eq(fcs_at), held_flags.eq(flags)]
-        with m.Elif(_gt(total, n + _FCS)):
+        with m.Elif(gt(total, n + _FCS)):
             m.d.comb += [b_valid.eq(1), b.data.eq(combined), b.keep.eq(full)]
-            m.d.sync += [acc.eq(combined >> 8 * n), acc_n.eq(_add(total, (1 << len(total)) - n))]
-            with m.If(_lt(count, (1 << 15) - n)):
-                m.d.sync += count.eq(_add(count, n))
+            m.d.sync += [acc.eq(combined >> 8 * n), acc_n.eq(add(total, (1 << len(total)) - n))]
+            with m.If(lt(count, (1 << 15) - n)):
+                m.d.sync += count.eq(add(count, n))
         with m.Else():
             m.d.sync += [acc.eq(combined), acc_n.eq(total)]
 
@@ -429,24 +378,24 @@ class RxChecker(wiring.Component):
         bad_fcs = crc.o.payload != out.fcs
         late_runt = Signal()
         with m.If(tiny & late_runt):
-            m.d.sync += self.runts.eq(_add(self.runts, 2))
+            m.d.sync += self.runts.eq(add(self.runts, 2))
         with m.Elif(tiny | late_runt):
-            m.d.sync += self.runts.eq(_add(self.runts, 1))
+            m.d.sync += self.runts.eq(add(self.runts, 1))
         verdict = Signal(data.StructLayout({"data": 8 * n, "keep": n, "last": 1, "err": 1}))
         m.d.comb += [verdict.data.eq(out.data), verdict.keep.eq(out.keep),
                      verdict.last.eq(out.last),
                      verdict.err.eq(out.last & (out.phy | out.runt | out.big | bad_fcs))]
         with m.If(out_valid & out.last):
             with m.If(out.phy):
-                m.d.sync += self.phy_errors.eq(_add(self.phy_errors, 1))
+                m.d.sync += self.phy_errors.eq(add(self.phy_errors, 1))
             with m.Elif(out.runt):
                 m.d.comb += late_runt.eq(1)
             with m.Elif(out.big):
-                m.d.sync += self.oversize.eq(_add(self.oversize, 1))
+                m.d.sync += self.oversize.eq(add(self.oversize, 1))
             with m.Elif(bad_fcs):
-                m.d.sync += self.bad_fcs.eq(_add(self.bad_fcs, 1))
+                m.d.sync += self.bad_fcs.eq(add(self.bad_fcs, 1))
             with m.Else():
-                m.d.sync += self.frames_ok.eq(_add(self.frames_ok, 1))
+                m.d.sync += self.frames_ok.eq(add(self.frames_ok, 1))
 
         # Output with overflow handling: lost frames are cut short and ended with err.
         abort = Signal()     # a one-byte err beat is owed to end a cut frame
@@ -460,7 +409,7 @@ class RxChecker(wiring.Component):
             with m.If(out_valid):  # a beat arriving meanwhile is lost with its frame
                 m.d.sync += dropping.eq(~out.last)
                 with m.If(~dropping):
-                    m.d.sync += self.overflows.eq(_add(self.overflows, 1))
+                    m.d.sync += self.overflows.eq(add(self.overflows, 1))
         with m.Elif(dropping):
             with m.If(out_valid & out.last):
                 m.d.sync += [dropping.eq(0), abort.eq(opened), opened.eq(0)]
@@ -469,7 +418,7 @@ class RxChecker(wiring.Component):
             with m.If(out_valid & self.o.ready):
                 m.d.sync += opened.eq(~out.last)
             with m.If(out_valid & ~self.o.ready):
-                m.d.sync += self.overflows.eq(_add(self.overflows, 1))
+                m.d.sync += self.overflows.eq(add(self.overflows, 1))
                 with m.If(out.last):
                     m.d.sync += [abort.eq(opened), opened.eq(0)]
                 with m.Else():

@@ -18,10 +18,10 @@ from amaranth import Module, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..exact import Machine, eq, select
 from ..hdrparse import HeaderEmitter, HeaderParser, HeaderStream
 from ..headers import ARP, ETHERNET
 from ..stream import BeatStream, check_data_bytes
-from .ops import Machine, eq, select
 
 __all__ = ["ArpEngine", "check_params", "ETHERTYPE_ARP", "BROADCAST", "COUNTERS"]
 

@@ -19,12 +19,12 @@ from amaranth import Const, Module, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..exact import Machine, eq, ne, sub
 from ..hdrparse import HeaderEmitter, HeaderParser, HeaderStream
 from ..headers import ICMP_ECHO, IPV4
 from ..stream import BeatStream, check_data_bytes
 from .checksum import lane_words, ones_sum, words
 from .ipv4 import TxRequest
-from .ops import Machine, eq, ne, sub
 
 __all__ = ["IcmpEcho", "PROTO_ICMP", "COUNTERS"]
 

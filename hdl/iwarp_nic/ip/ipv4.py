@@ -16,11 +16,11 @@ from amaranth import Cat, Module, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..exact import Machine, add, eq, gt, is_zero, lt, ne, sub
 from ..hdrparse import HeaderEmitter, HeaderParser, HeaderStream
 from ..headers import ETHERNET, IPV4
 from ..stream import BeatLayout, BeatStream, check_data_bytes
 from .checksum import checksum, ones_sum, words
-from .ops import Machine, add, eq, gt, is_zero, lt, ne, sub
 
 __all__ = ["Ipv4Rx", "Ipv4Tx", "TxRequest", "ETHERTYPE_IPV4", "RX_COUNTERS", "TX_COUNTERS"]
 

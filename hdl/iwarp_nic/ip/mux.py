@@ -9,8 +9,8 @@ from amaranth import Module, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..exact import eq, select
 from ..stream import BeatStream, check_data_bytes
-from .ops import eq, select
 
 __all__ = ["Demux", "Arbiter"]
 

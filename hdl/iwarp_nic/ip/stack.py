@@ -16,6 +16,7 @@ from amaranth import Module
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..exact import eq
 from ..hdrparse import HeaderEmitter, HeaderParser, HeaderStream
 from ..headers import ETHERNET, IPV4
 from ..stream import BeatStream, check_data_bytes
@@ -25,7 +26,6 @@ from .arp import ETHERTYPE_ARP, ArpEngine
 from .icmp import PROTO_ICMP, IcmpEcho
 from .ipv4 import ETHERTYPE_IPV4, RX_COUNTERS, TX_COUNTERS, Ipv4Rx, Ipv4Tx, TxRequest
 from .mux import Arbiter, Demux
-from .ops import eq
 
 __all__ = ["IpStack", "PROTO_TCP", "COUNTERS"]
 

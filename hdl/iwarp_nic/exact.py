@@ -1,4 +1,4 @@
-"""Width-exact operators for the IP blocks, so their Verilog passes ``verilator -Wall``.
+"""Width-exact operators, so the Verilog of every block passes ``verilator -Wall``.
 
 No protocol here. Verilator wants both operands of an operator equally wide and every ``case``
 complete, but Amaranth writes a constant operand with only the bits its value needs (a constant
@@ -10,10 +10,11 @@ the constant's top bit is clear, and state machines are chains of exclusive ``m.
 
 from amaranth import Const, Signal
 
-__all__ = ["eq", "ne", "lt", "gt", "add", "sub", "is_zero", "select", "Machine"]
+__all__ = ["mask", "eq", "ne", "lt", "gt", "add", "sub", "is_zero", "select", "Machine"]
 
 
-def _mask(width):
+def mask(width):
+    """``width`` ones."""
     return (1 << width) - 1
 
 
@@ -24,9 +25,9 @@ def _top_set(value, width):
 def eq(a, value):
     """``a == value`` for an int ``value`` that fits ``a``."""
     w = len(a)
-    if not 0 <= value <= _mask(w):
+    if not 0 <= value <= mask(w):
         raise ValueError(f"{value} does not fit {w} bits")
-    return a == Const(value, w) if _top_set(value, w) else ~a == Const(~value & _mask(w), w)
+    return a == Const(value, w) if _top_set(value, w) else ~a == Const(~value & mask(w), w)
 
 
 def ne(a, value):
@@ -37,21 +38,21 @@ def ne(a, value):
 def lt(a, value):
     """``a < value`` (unsigned); ``value`` in ``[1, 2**len(a)]``."""
     w = len(a)
-    if value > _mask(w):
+    if value > mask(w):
         return Const(1, 1)
-    return a < Const(value, w) if _top_set(value, w) else ~a > Const(~value & _mask(w), w)
+    return a < Const(value, w) if _top_set(value, w) else ~a > Const(~value & mask(w), w)
 
 
 def gt(a, value):
     """``a > value`` (unsigned); ``value`` in ``[0, 2**len(a) - 2]``."""
     w = len(a)
-    return a > Const(value, w) if _top_set(value, w) else ~a < Const(~value & _mask(w), w)
+    return a > Const(value, w) if _top_set(value, w) else ~a < Const(~value & mask(w), w)
 
 
 def add(a, value):
     """``a + value`` modulo ``2**len(a)``, ``len(a)`` bits wide."""
     w = len(a)
-    value &= _mask(w)
+    value &= mask(w)
     if value == 1 or _top_set(value, w):
         return (a + Const(value, w))[:w]
     return (a - Const((1 << w) - value, w))[:w]
@@ -68,15 +69,18 @@ def is_zero(a):
 
 
 def select(m, sel, values, width, name):
-    """A ``width``-bit Signal equal to ``values[sel]`` (ints; the last also for every ``sel``
-    past the list)."""
+    """A ``width``-bit Signal equal to ``values[sel]``: ``values`` is a list (indexed from 0)
+    or a dict keyed by the values of ``sel``; the last entry also stands for every value of
+    ``sel`` not listed, so the ``case`` is complete."""
+    entries = list(values.items() if isinstance(values, dict) else enumerate(values))
     out = Signal(width, name=name)
+    *cases, (_, fallback) = entries
     with m.Switch(sel):
-        for key, value in enumerate(values[:-1]):
+        for key, value in cases:
             with m.Case(key):
                 m.d.comb += out.eq(value)
         with m.Default():
-            m.d.comb += out.eq(values[-1])
+            m.d.comb += out.eq(fallback)
     return out
 
 
