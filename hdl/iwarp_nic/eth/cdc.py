@@ -1,0 +1,206 @@
+"""The clock-domain crossings between a MAC (:mod:`.mac`) and the core, one per direction.
+
+A MAC runs in its PHY's clock (renamed ``mac`` where it sits in a design) and cannot wait: the
+line delivers a received frame at its own pace, and :class:`~.fcs.TxFramer` must be fed one beat
+per cycle from a frame's first beat to its last. Each crossing is an
+``amaranth.lib.fifo.AsyncFIFO`` of beats (Gray-coded pointers, block RAM storage) with the logic
+that keeps these rules on the MAC side:
+
+* :class:`MacRxCrossing`: MAC to core, never stalls the MAC; a frame that does not fit is cut
+  short and ended with ``err``.
+* :class:`MacTxCrossing`: core to MAC, store and forward: a frame starts only once it is whole
+  in the FIFO, so the framer never underruns.
+"""
+
+from amaranth import Module, Signal
+from amaranth.lib import wiring
+from amaranth.lib.fifo import AsyncFIFO
+from amaranth.lib.wiring import In, Out
+
+from ..exact import add
+from ..stream import BeatLayout, BeatStream, check_data_bytes
+from .fcs import MAX_FRAME
+
+__all__ = ["MacRxCrossing", "MacTxCrossing", "TX_FRAMES"]
+
+#: Frames whose end :class:`MacTxCrossing` can have announced to the MAC side at once.
+TX_FRAMES = 4
+
+
+def _depth(data_bytes, depth_beats):
+    """The FIFO depth: ``depth_beats`` (default two frames of :data:`~.fcs.MAX_FRAME` bytes)
+    rounded up to a power of two, as ``AsyncFIFO`` needs."""
+    check_data_bytes(data_bytes)
+    if depth_beats is None:
+        depth_beats = -(-2 * MAX_FRAME // data_bytes)
+    if not isinstance(depth_beats, int) or depth_beats < 2:
+        raise ValueError(f"depth_beats must be an integer of 2 or more, not {depth_beats!r}")
+    return 1 << (depth_beats - 1).bit_length()
+
+
+def _check_domains(mac_domain, core_domain):
+    if mac_domain == core_domain:
+        raise ValueError(f"mac_domain and core_domain must differ, both are {mac_domain!r}")
+
+
+class MacRxCrossing(wiring.Component):
+    """Received frames from the MAC's clock domain into the core's, without ever stalling.
+
+    Ports
+    -----
+    i : In(BeatStream(data_bytes, err=True)), MAC domain
+        Frames from :class:`~.fcs.RxChecker`. ``i.ready`` is always 1.
+    o : Out(BeatStream(data_bytes, err=True)), core domain
+        The same beats, in order, as soon as they have crossed (no store and forward): a frame
+        may arrive with idle cycles between its beats. Frames that did not fit are changed as
+        below; the rest are exact.
+    overflows : Out(32), MAC domain
+        Frames hit by a full FIFO (wraps). When a beat finds the FIFO full, it and the rest of
+        its frame are thrown away; if part of the frame had already been written, a one-byte
+        beat with ``last`` and ``err`` (data 0) ends it as soon as there is room, so the core
+        drops the frame whole. Beats arriving before that end beat is written (the start of the
+        next frame included) find the FIFO full too. A frame that lost its first beat leaves
+        nothing at all.
+
+    Latency: a beat is offered on ``o`` at the second core clock edge after the MAC edge that
+    wrote it (the FIFO's pointer synchroniser). Throughput: one beat per cycle on each side;
+    the core must drain at least at the MAC's beat rate, on average, for no frame to overflow.
+
+    Parameters
+    ----------
+    data_bytes : int
+        The width, one of :data:`~iwarp_nic.stream.DATA_BYTES`.
+    depth_beats : int or None
+        FIFO depth in beats, rounded up to a power of two (default: two frames of
+        :data:`~.fcs.MAX_FRAME` bytes). The rounded depth is :attr:`depth_beats`.
+    mac_domain, core_domain : str
+        The clock domains of ``i`` and of ``o``.
+    """
+
+    def __init__(self, data_bytes, depth_beats=None, *, mac_domain="mac", core_domain="sync"):
+        self.depth_beats = _depth(data_bytes, depth_beats)
+        _check_domains(mac_domain, core_domain)
+        self.data_bytes = data_bytes
+        self._mac, self._core = mac_domain, core_domain
+        super().__init__({
+            "i": In(BeatStream(data_bytes, err=True)),
+            "o": Out(BeatStream(data_bytes, err=True)),
+            "overflows": Out(32),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        layout = BeatLayout(self.data_bytes, err=True)
+        m.submodules.fifo = fifo = AsyncFIFO(width=layout.size, depth=self.depth_beats,
+                                             w_domain=self._mac, r_domain=self._core)
+        mac = m.d[self._mac]
+        beat = self.i.payload
+
+        in_frame = Signal()                     # some of the current frame has been written
+        dropping = Signal()                     # throwing away the rest of an overflowed frame
+        owe_end = Signal()                      # an overflowed frame still needs its err end
+        end = Signal(layout)
+        m.d.comb += [end.keep.eq(1), end.last.eq(1), end.err.eq(1), self.i.ready.eq(1)]
+
+        with m.If(owe_end):
+            m.d.comb += [fifo.w_en.eq(1), fifo.w_data.eq(end)]
+            with m.If(fifo.w_rdy):
+                mac += owe_end.eq(0)
+        with m.If(self.i.valid):
+            with m.If(dropping):
+                mac += dropping.eq(~beat.last)
+            with m.Elif(~owe_end & fifo.w_rdy):
+                m.d.comb += [fifo.w_en.eq(1), fifo.w_data.eq(beat)]
+                mac += in_frame.eq(~beat.last)
+            with m.Else():
+                mac += [self.overflows.eq(add(self.overflows, 1)), dropping.eq(~beat.last),
+                        in_frame.eq(0)]
+                with m.If(in_frame):
+                    mac += owe_end.eq(1)
+
+        m.d.comb += [self.o.valid.eq(fifo.r_rdy), self.o.payload.eq(fifo.r_data),
+                     fifo.r_en.eq(self.o.ready)]
+        return m
+
+
+class MacTxCrossing(wiring.Component):
+    """Frames to send from the core's clock domain into the MAC's, each released whole.
+
+    Ports
+    -----
+    i : In(BeatStream(data_bytes, err=True)), core domain
+        Frames for :class:`~.fcs.TxFramer`, each at most :attr:`depth_beats` beats: a longer
+        frame can never be whole in the FIFO, so it stalls ``i`` forever (forbidden).
+        ``i.ready`` is low while the FIFO is full or :data:`TX_FRAMES` frames wait for the MAC.
+    o : Out(BeatStream(data_bytes, err=True)), MAC domain
+        The same frames, exactly. A frame's first beat is offered only once its last beat is
+        in the FIFO; from then on a beat is offered on every cycle until its last, so the framer
+        never underruns. Between frames ``o.valid`` is low for at least one cycle (the framer's
+        preamble and gap are longer).
+
+    The core side counts each frame's beats and, with its last beat, writes that count into a
+    second small ``AsyncFIFO``; the MAC side starts a frame when its count has crossed and the
+    beat FIFO shows at least that many beats readable.
+
+    Latency: when the MAC side is idle, a frame's first beat is offered at the third MAC clock
+    edge after the core edge that took its last beat (two synchroniser stages, then the start
+    register). Throughput: one beat per cycle on each side.
+
+    Parameters
+    ----------
+    data_bytes : int
+        The width, one of :data:`~iwarp_nic.stream.DATA_BYTES`.
+    depth_beats : int or None
+        FIFO depth in beats, rounded up to a power of two (default: two frames of
+        :data:`~.fcs.MAX_FRAME` bytes, so one frame fills while the one before it leaves). The
+        rounded depth is :attr:`depth_beats`.
+    mac_domain, core_domain : str
+        The clock domains of ``o`` and of ``i``.
+    """
+
+    def __init__(self, data_bytes, depth_beats=None, *, mac_domain="mac", core_domain="sync"):
+        self.depth_beats = _depth(data_bytes, depth_beats)
+        _check_domains(mac_domain, core_domain)
+        self.data_bytes = data_bytes
+        self._mac, self._core = mac_domain, core_domain
+        super().__init__({
+            "i": In(BeatStream(data_bytes, err=True)),
+            "o": Out(BeatStream(data_bytes, err=True)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        layout = BeatLayout(self.data_bytes, err=True)
+        m.submodules.fifo = fifo = AsyncFIFO(width=layout.size, depth=self.depth_beats,
+                                             w_domain=self._core, r_domain=self._mac)
+        m.submodules.lengths = lengths = AsyncFIFO(width=len(fifo.r_level), depth=TX_FRAMES,
+                                                   w_domain=self._core, r_domain=self._mac)
+        core, mac = m.d[self._core], m.d[self._mac]
+
+        # Core side: beats into the FIFO, and each frame's beat count once its last is in.
+        beats = Signal.like(fifo.r_level)       # beats of the frame being written, so far
+        counted = add(beats, 1)
+        m.d.comb += [self.i.ready.eq(fifo.w_rdy & lengths.w_rdy),
+                     fifo.w_data.eq(self.i.payload), lengths.w_data.eq(counted)]
+        with m.If(self.i.valid & self.i.ready):
+            m.d.comb += fifo.w_en.eq(1)
+            core += beats.eq(counted)
+            with m.If(self.i.payload.last):
+                m.d.comb += lengths.w_en.eq(1)
+                core += beats.eq(0)
+
+        # MAC side: start a frame once its count and all its beats have crossed. The count and
+        # the beats cross through separate synchronisers that may resolve a cycle apart in
+        # hardware (never in simulation), hence the check of the beat FIFO's level.
+        sending = Signal()
+        view = Signal(layout)
+        m.d.comb += view.eq(fifo.r_data)
+        with m.If(sending):
+            m.d.comb += [self.o.valid.eq(fifo.r_rdy), self.o.payload.eq(view),
+                         fifo.r_en.eq(self.o.ready)]
+            with m.If(self.o.valid & self.o.ready & view.last):
+                mac += sending.eq(0)
+        with m.Elif(lengths.r_rdy & (fifo.r_level >= lengths.r_data)):
+            m.d.comb += lengths.r_en.eq(1)
+            mac += sending.eq(1)
+        return m
