@@ -36,11 +36,11 @@ advertised window is the free space of the shared receive buffer and may shrink;
 SYN-RECEIVED aborts; an ESTABLISHED and a PEER_FIN event of one segment may be two events.
 """
 
-from amaranth import Cat, Module, Mux, Signal
+from amaranth import Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import data, enum, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..exact import Machine, eq, is_zero
+from ..exact import Machine, add, eq, gt, is_zero, lt, select
 from .isn import IsnGenerator
 from .layouts import (
     ACK,
@@ -118,8 +118,34 @@ Route = data.StructLayout({"keep": 1})
 
 
 def _before(a, b):
-    """``a`` precedes ``b`` in 32-bit sequence space (RFC 9293 section 3.4)."""
+    """``a`` precedes ``b`` in 32-bit sequence space (RFC 9293 section 3.4); 32-bit operands."""
     return (a - b)[31]
+
+
+def _inverted(m, b, width, name):
+    """``~b`` extended to ``width`` bits (by sign for a signed ``b``, else zero), as a Signal:
+    its extension bits are ones, which the Verilog writer keeps (it trims zeros)."""
+    b = Value.cast(b)
+    fill = b[-1] if b.shape().signed else Const(0, 1)
+    inv = Signal(width, name=name)
+    m.d.comb += inv.eq(~Cat(b, fill.replicate(width - len(b))))
+    return inv
+
+
+def _wrap_add(m, a, b, width, name):
+    """``a + b`` modulo ``2**width`` for a ``width``-bit ``a`` and any ``b`` no wider, computed
+    as ``a - ~b - 1`` so that every operator has ``width``-bit operands (Verilator's ``-Wall``
+    rejects mixed widths, and a zero-extended ``b`` would be trimmed back)."""
+    out = Signal(width, name=name)
+    m.d.comb += out.eq(add((a - _inverted(m, b, width, f"{name}_inv"))[:width], -1))
+    return out
+
+
+def _wrap_sub(m, a, b, width, name):
+    """``a - b`` modulo ``2**width``, as ``a + ~b + 1`` (see :func:`_wrap_add`)."""
+    out = Signal(width, name=name)
+    m.d.comb += out.eq(add((a + _inverted(m, b, width, f"{name}_inv"))[:width], 1))
+    return out
 
 
 def _reached(now, deadline):
@@ -307,8 +333,8 @@ class TcpControl(wiring.Component):
             m.d.sync += [t.state.eq(State.CLOSED), release.eq(1)]
 
         # Derived values of the loaded TCB `t`.
-        wnd_scaled = Signal(32)
-        m.d.comb += wnd_scaled.eq(t.snd_wnd << t.snd_ws)
+        wnd_scaled = select(m, t.snd_ws, [Cat(Const(0, k), t.snd_wnd, Const(0, 16 - k))
+                                         for k in range(15)], 32, "wnd_scaled")
         max_space = 0xFFFF << self.rcv_ws
         rcv_space = Signal(32)
         m.d.comb += rcv_space.eq(Mux(self.rx_free > max_space, max_space, self.rx_free))
@@ -329,7 +355,8 @@ class TcpControl(wiring.Component):
         data_waiting = _before(t.snd_nxt, t.snd_end)
         in_flight = t.snd_una != t.snd_max
         fin_due = t.fin_pending & (t.snd_nxt == t.snd_end)
-        window_open = _before(t.snd_nxt, t.snd_una + wnd_scaled)
+        wnd_right = _wrap_add(m, t.snd_una, wnd_scaled, 32, "wnd_right")
+        window_open = _before(t.snd_nxt, wnd_right)
         wants_tx = Signal()
         m.d.comb += wants_tx.eq(
             (opening & (t.snd_nxt == t.snd_una))
@@ -351,7 +378,7 @@ class TcpControl(wiring.Component):
                     for k in reversed(range(5)):
                         with m.If(want[(r + k) % 5]):
                             m.d.comb += pick.eq((r + k) % 5)
-        room = (verdicts.w_rdy & txq.w_rdy & (events.w_level <= events.depth - 2)
+        room = (verdicts.w_rdy & txq.w_rdy & lt(events.w_level, events.depth - 1)
                 & rings.w_rdy & routes.w_rdy)
 
         fsm = Machine(m, ["IDLE", "RX_LOOKUP", "RX_WAIT", "NO_CONN", "LOAD", "LOADED", "RX_A",
@@ -411,7 +438,7 @@ class TcpControl(wiring.Component):
                     fsm.goto("LOAD")
                 with m.Elif(listen_hit):
                     for k in range(ls):
-                        with m.If(listen_idx == k):
+                        with m.If(eq(listen_idx, k)):
                             m.d.sync += conn.eq(l_conn[k])
                     fsm.goto("LOAD")
                 with m.Else():
@@ -429,7 +456,8 @@ class TcpControl(wiring.Component):
                 with m.If(ackf):
                     m.d.sync += [seg.seq.eq(s.ack), seg.ack.eq(0), seg.flags.eq(RST)]
                 with m.Else():
-                    m.d.sync += [seg.seq.eq(0), seg.ack.eq(s.seq + seg_len),
+                    m.d.sync += [seg.seq.eq(0), seg.ack.eq(_wrap_add(m, s.seq, seg_len, 32,
+                                                                     "rst_ack")),
                                  seg.flags.eq(RST | ACK)]
 
         def reset_connection():
@@ -466,7 +494,8 @@ class TcpControl(wiring.Component):
         # ---- RX cycle A: classify the segment against the TCB (registered).
         seg_end = Signal(32)        # the sequence number after the payload
         seg_len = Signal(17)        # payload + SYN + FIN
-        m.d.comb += [seg_end.eq(s.seq + s.length), seg_len.eq(s.length + syn + fin)]
+        m.d.comb += [seg_end.eq(_wrap_add(m, s.seq, s.length, 32, "seg_end_sum")),
+                     seg_len.eq(s.length + syn + fin)]
         acceptable, at_rcv_nxt = Signal(), Signal()
         ack_new, ack_future, ack_too_old, ack_dup = Signal(), Signal(), Signal(), Signal()
         data_inorder, fin_inorder, fin_acked = Signal(), Signal(), Signal()
@@ -474,13 +503,15 @@ class TcpControl(wiring.Component):
         rtt = Signal(TIME_BITS)
         trim = Signal(16)
         with fsm.state("RX_A"):
+            rcv_right = _wrap_add(m, t.rcv_nxt, rcv_wnd, 32, "rcv_right")
+
             def inside(x):
-                return ~_before(x, t.rcv_nxt) & _before(x, t.rcv_nxt + rcv_wnd)
+                return ~_before(x, t.rcv_nxt) & _before(x, rcv_right)
             last = Signal(32)
-            m.d.comb += last.eq(s.seq + seg_len - 1)
+            m.d.comb += last.eq(_wrap_add(m, s.seq, seg_len - 1, 32, "seg_last"))
             wnd_zero = is_zero(rcv_wnd)
             m.d.sync += [
-                acceptable.eq(Mux(seg_len == 0,
+                acceptable.eq(Mux(is_zero(seg_len),
                                   Mux(wnd_zero, s.seq == t.rcv_nxt, inside(s.seq)),
                                   ~wnd_zero & (inside(s.seq) | inside(last)))),
                 at_rcv_nxt.eq(s.seq == t.rcv_nxt),
@@ -495,7 +526,7 @@ class TcpControl(wiring.Component):
                              & ~_before(t.snd_max, s.ack)),
                 wnd_update.eq(~_before(s.seq, t.snd_wl1)),
                 rtt_sample.eq(t.rtt_active & ~_before(s.ack, t.rtt_seq)),
-                rtt.eq(now - t.rtt_start),
+                rtt.eq((now - t.rtt_start)[:TIME_BITS]),
                 trim.eq((t.rcv_nxt - s.seq)[:16]),
             ]
             count_conn("rx_segments")
@@ -513,7 +544,7 @@ class TcpControl(wiring.Component):
         def take_syn_options():
             m.d.sync += [t.rcv_nxt.eq(s.seq + 1), t.snd_wl1.eq(s.seq), t.snd_wnd.eq(s.window),
                          t.ws_on.eq(s.has_ws), t.snd_ws.eq(Mux(s.has_ws, s.ws, 0)),
-                         t.mss.eq(Mux(s.has_mss, Mux(s.mss > self.mss, self.mss, s.mss), 536))]
+                         t.mss.eq(Mux(s.has_mss, Mux(gt(s.mss, self.mss), self.mss, s.mss), 536))]
 
         def rtt_update():
             """RFC 6298 2.2-2.3 in ticks, SRTT and RTTVAR scaled by 8 and 4."""
@@ -525,8 +556,10 @@ class TcpControl(wiring.Component):
                     diff = Signal(TIME_BITS + 1)
                     m.d.comb += diff.eq(rtt - (t.srtt8 >> 3))
                     mag = Mux(diff[TIME_BITS], -diff, diff)[:TIME_BITS]
-                    m.d.sync += [t.srtt8.eq(t.srtt8 + diff),
-                                 t.rttvar4.eq(t.rttvar4 + mag - (t.rttvar4 >> 2))]
+                    var = _wrap_add(m, t.rttvar4, mag, TIME_BITS, "rttvar_up")
+                    m.d.sync += [t.srtt8.eq((t.srtt8 + diff[:TIME_BITS])[:TIME_BITS]),
+                                 t.rttvar4.eq(_wrap_sub(m, var, t.rttvar4 >> 2, TIME_BITS,
+                                                        "rttvar_down"))]
 
         def process_ack():
             """RFC 9293 3.10.7.4 "fifth": the ACK field of an acceptable segment."""
@@ -567,7 +600,7 @@ class TcpControl(wiring.Component):
                         m.d.sync += t.unacked_seg.eq(1)
                         with m.If(~t.ack_delayed):
                             m.d.sync += [t.ack_delayed.eq(1),
-                                         t.dack_deadline.eq(now + self.dack_ticks)]
+                                         t.dack_deadline.eq(add(now, self.dack_ticks))]
                 with m.Else():
                     m.d.sync += t.ack_now.eq(1)
                     dropped()
@@ -575,7 +608,7 @@ class TcpControl(wiring.Component):
         def receive_fin():
             """RFC 9293 3.10.7.4 "eighth", once every byte before the FIN is in."""
             with m.If(fin_inorder & (receiving | _in(t.state, State.SYN_RCVD))):
-                m.d.sync += [t.rcv_nxt.eq(seg_end + 1), t.ack_now.eq(1)]
+                m.d.sync += [t.rcv_nxt.eq(add(seg_end, 1)), t.ack_now.eq(1)]
                 event(1, EventKind.PEER_FIN)
                 with m.If(_in(t.state, State.ESTABLISHED, State.SYN_RCVD)):
                     m.d.sync += t.state.eq(State.CLOSE_WAIT)
@@ -669,7 +702,7 @@ class TcpControl(wiring.Component):
         with fsm.state("TX_A"):
             sent_end = Mux(_before(t.snd_max, t.snd_end), t.snd_max, t.snd_end)
             m.d.sync += [avail.eq(Mux(data_waiting, t.snd_end - t.snd_nxt, 0)),
-                         usable.eq(Mux(window_open, t.snd_una + wnd_scaled - t.snd_nxt, 0)),
+                         usable.eq(Mux(window_open, (wnd_right - t.snd_nxt)[:32], 0)),
                          una_span.eq(sent_end - t.snd_una)]
             fsm.goto("TX_B")
 
@@ -679,18 +712,31 @@ class TcpControl(wiring.Component):
         def send(first, length, flags, retransmit):
             """Emit the segment [first, first + length) (+1 for SYN or FIN); its end."""
             after = Signal(32, name="tx_after")
-            m.d.comb += after.eq(first + length + ((flags & (SYN | FIN)) != 0))
+            span = Signal(17, name="tx_span")
+            m.d.comb += span.eq(length + ((flags & (SYN | FIN)) != 0))
+            m.d.comb += after.eq(_wrap_add(m, first, span, 32, "tx_after_sum"))
             m.d.sync += [seg.seq.eq(first), seg.flags.eq(flags), seg.length.eq(length),
                          seg_valid.eq(1), t.ack_now.eq(0), t.ack_delayed.eq(0),
                          t.unacked_seg.eq(0)]
             count("tx_segments")
             count_conn("tx_segments")
-            with m.If(retransmit):
+
+            def retransmitted():
                 count("retransmits")
                 count_conn("retransmits")
                 m.d.sync += t.rtt_active.eq(0)                  # Karn's rule
-            with m.Elif(~t.rtt_active & (after != first)):
-                m.d.sync += [t.rtt_active.eq(1), t.rtt_seq.eq(after), t.rtt_start.eq(now)]
+
+            def timed():
+                with m.If(~t.rtt_active & (after != first)):
+                    m.d.sync += [t.rtt_active.eq(1), t.rtt_seq.eq(after), t.rtt_start.eq(now)]
+
+            if isinstance(retransmit, bool):
+                retransmitted() if retransmit else timed()
+            else:
+                with m.If(retransmit):
+                    retransmitted()
+                with m.Else():
+                    timed()
             return after
 
         def advance(after):
@@ -708,39 +754,43 @@ class TcpControl(wiring.Component):
                 advance(send(t.snd_una, 0, flags, t.snd_max != t.snd_una))
                 m.d.sync += [seg.syn_opts.eq(1), seg.window.eq(win_unscaled)]
             with m.Elif(sending & t.fast_rtx):
-                send(t.snd_una, clip(una_span, t.mss)[:16], ACK, 1)
+                send(t.snd_una, clip(una_span, t.mss)[:16], ACK, True)
                 count("fast_retransmits")
                 m.d.sync += t.fast_rtx.eq(0)
             with m.Elif(sending & t.probe & data_waiting):
-                advance(send(t.snd_nxt, 1, ACK, 0))
+                advance(send(t.snd_nxt, 1, ACK, False))
                 m.d.sync += t.probe.eq(0)
             with m.Elif(sending & ((data_waiting & window_open) | fin_due)):
                 length = Signal(16)
                 m.d.comb += length.eq(clip(clip(avail, usable), t.mss))
-                at_end = (t.snd_nxt + length)[:32] == t.snd_end
+                length32 = Signal(32)
+                m.d.comb += length32.eq(length)
+                at_end = (t.snd_nxt + length32)[:32] == t.snd_end
                 flags = Mux(t.fin_pending & at_end, ACK | FIN, Mux(at_end, ACK | PSH, ACK))
                 advance(send(t.snd_nxt, length, flags, _before(t.snd_nxt, t.snd_max)))
                 m.d.sync += t.probe.eq(0)
             with m.Elif(synced & t.ack_now):
-                send(t.snd_nxt, 0, ACK, 0)
+                send(t.snd_nxt, 0, ACK, False)
             with m.Else():
                 m.d.sync += t.probe.eq(0)
 
         # ---- Host chunk: admit it into the send ring, or drop one with nowhere to go.
         with fsm.state("CHUNK"):
             fsm.goto("FIX")
-            room_left = Signal(33)
-            m.d.comb += room_left.eq(self.ring_bytes - (t.snd_end - t.snd_una)[:32])
+            ring_used = _wrap_sub(m, t.snd_end, t.snd_una, 32, "ring_used")
+            total = _wrap_add(m, ring_used, chunk.length, 32, "ring_total")
             can_send = _in(t.state, State.ESTABLISHED, State.CLOSE_WAIT) & ~t.fin_pending
             with m.If(~can_send):
                 m.d.comb += self.i_chunk.ready.eq(1)
                 m.d.sync += [route_keep.eq(0), route_valid.eq(1)]
-            with m.Elif(room_left[32] | (room_left[:32] < chunk.length)):
+            with m.Elif(gt(total, self.ring_bytes)):
                 m.d.sync += chunk_retry.eq(0)
             with m.Else():
                 m.d.comb += self.i_chunk.ready.eq(1)
+                chunk32 = Signal(32)
+                m.d.comb += chunk32.eq(chunk.length)
                 m.d.sync += [route_keep.eq(1), route_valid.eq(1), ring_valid.eq(1),
-                             t.snd_end.eq(t.snd_end + chunk.length)]
+                             t.snd_end.eq(t.snd_end + chunk32)]
 
         # ---- Commands (RFC 9293 3.10.1 OPEN, 3.10.4 CLOSE, 3.10.5 ABORT).
         free_listen = Signal(range(max(ls, 2)))
@@ -764,7 +814,7 @@ class TcpControl(wiring.Component):
                                  t.remote_ip.eq(0), t.remote_port.eq(0),
                                  l_valid.bit_select(free_listen, 1).eq(1)]
                     for k in range(ls):
-                        with m.If(free_listen == k):
+                        with m.If(eq(free_listen, k)):
                             m.d.sync += [l_port[k].eq(cmd.local_port), l_conn[k].eq(conn)]
                 with m.Else():
                     event(0, EventKind.ABORTED)
@@ -811,7 +861,7 @@ class TcpControl(wiring.Component):
                 m.d.sync += [t.ack_now.eq(1), t.ack_delayed.eq(0)]
             with m.If(t.rto_armed & _reached(now, t.rto_deadline)):
                 m.d.sync += t.rto_armed.eq(0)
-                doubled = Mux(t.rto_cur > (self.rto_max >> 1), self.rto_max, t.rto_cur << 1)
+                doubled = Mux(gt(t.rto_cur, self.rto_max >> 1), self.rto_max, t.rto_cur << 1)
                 with m.If(_in(t.state, State.TIME_WAIT)):
                     free(EventKind.CLOSED)
                 with m.Elif(persist):
@@ -833,8 +883,8 @@ class TcpControl(wiring.Component):
             with m.If(rto_update):
                 rto = Signal(TIME_BITS + 1)
                 m.d.comb += rto.eq((t.srtt8 >> 3) + Mux(is_zero(t.rttvar4), 1, t.rttvar4))
-                m.d.sync += t.rto_cur.eq(Mux(rto < self.rto_min, self.rto_min,
-                                             Mux(rto > self.rto_max, self.rto_max, rto)))
+                m.d.sync += t.rto_cur.eq(Mux(lt(rto, self.rto_min), self.rto_min,
+                                             Mux(gt(rto, self.rto_max), self.rto_max, rto)))
 
         # Write back, with the timer armed exactly while something needs it (RFC 6298 5.1-5.3).
         with fsm.state("COMMIT"):
@@ -845,19 +895,23 @@ class TcpControl(wiring.Component):
                 m.d.comb += tcb_next.rto_armed.eq(0)
             with m.Elif(~t.rto_armed):
                 timeout = Mux(_in(t.state, State.TIME_WAIT), self.time_wait_ticks, t.rto_cur)
-                m.d.comb += [tcb_next.rto_armed.eq(1), tcb_next.rto_deadline.eq(now + timeout)]
+                m.d.comb += [tcb_next.rto_armed.eq(1),
+                             tcb_next.rto_deadline.eq(_wrap_add(m, now, timeout, TIME_BITS,
+                                                                 "deadline"))]
             ring_req = Signal(RingRequest(self.conns))
             m.d.comb += [
                 tcb_wr.addr.eq(conn), tcb_wr.data.eq(tcb_next), tcb_wr.en.eq(~no_tcb),
                 stats_wr.addr.eq(conn), stats_wr.data.eq(st), stats_wr.en.eq(~no_tcb),
                 verdicts.w_en.eq(verdict_valid), verdicts.w_data.eq(verdict),
                 txq.w_en.eq(seg_valid), txq.w_data.eq(seg),
-                ring_req.conn.eq(conn), ring_req.seq.eq(t.snd_end - chunk.length),
+                ring_req.conn.eq(conn),
+                ring_req.seq.eq(_wrap_sub(m, t.snd_end, chunk.length, 32, "chunk_seq")),
                 ring_req.length.eq(chunk.length),
                 rings.w_en.eq(ring_valid), rings.w_data.eq(ring_req),
                 routes.w_en.eq(route_valid), routes.w_data.eq(route_keep),
             ]
-            with m.If(~no_tcb & wants_tx & ~queued.bit_select(conn, 1)):
+            is_queued = select(m, conn, list(queued), 1, "is_queued")
+            with m.If(~no_tcb & wants_tx & ~is_queued):
                 m.d.comb += [ready.w_en.eq(1), ready.w_data.eq(conn)]
                 m.d.sync += queued.bit_select(conn, 1).eq(1)
             with m.If(~eq(kind, K_CHUNK)):
