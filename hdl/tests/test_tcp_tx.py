@@ -71,7 +71,8 @@ def random_record(rng, ring_bytes, max_payload):
         "conn": rng.randrange(CONNS), "dst_ip": rng.getrandbits(32),
         "src_port": rng.getrandbits(16), "dst_port": rng.getrandbits(16),
         "seq": rng.getrandbits(32), "ack": rng.getrandbits(32), "window": rng.getrandbits(16),
-        "flags": ACK, "syn_opts": 0, "mss": rng.getrandbits(16), "ws": rng.getrandbits(4),
+        "flags": ACK, "syn_opts": 0, "syn_ws": rng.getrandbits(1), "mss": rng.getrandbits(16),
+        "ws": rng.getrandbits(4),
         "length": 0,
     }
     if kind == "data":
@@ -97,7 +98,8 @@ def check_segment(wire, record, payload):
     """``wire`` is the segment TcpTx sent for ``record`` with ``payload``: by scapy, field by
     field, and by its checksum (scapy's own, and the RFC 1071 sum over the pseudo-header)."""
     seg = TCP(wire)
-    options = [("MSS", record["mss"]), ("NOP", None), ("WScale", record["ws"])] \
+    window_scale = [("WScale", record["ws"])] if record["syn_ws"] else [("NOP", None)] * 3
+    options = [("MSS", record["mss"]), ("NOP", None), *window_scale] \
         if record["syn_opts"] else []
     assert (seg.sport, seg.dport, seg.seq, seg.ack, seg.dataofs, seg.reserved, int(seg.flags),
             seg.window, seg.urgptr, seg.options) == (
@@ -256,7 +258,7 @@ def test_line_rate(n):
     first = rng.getrandbits(32)
     records = [{"conn": 1, "dst_ip": ip_int("10.0.0.2"), "src_port": 4791, "dst_port": 5000,
                 "seq": (first + k * length) % 2**32, "ack": 7, "flags": ACK, "window": 65535,
-                "syn_opts": 0, "mss": 0, "ws": 0, "length": length} for k in range(count)]
+                "syn_opts": 0, "syn_ws": 0, "mss": 0, "ws": 0, "length": length} for k in range(count)]
     beats = count * -(-(20 + length) // n)
     state, got = {}, {}
 

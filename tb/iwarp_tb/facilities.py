@@ -24,7 +24,7 @@ def linux_peer():
         return "needs root for a network namespace and a TAP device"
     if not Path("/dev/net/tun").exists():
         return "no /dev/net/tun"
-    return _missing_tools("ip", "tc")
+    return _missing_tools("ip", "tc", "ping")
 
 
 def siw():

@@ -5,6 +5,7 @@
   pytest test fails unless every cocotb test ran and passed.
 * :class:`BeatPlayer` builds it with ``vplayer.cpp`` for bulk traffic and cycle-exact benchmarks:
   packets in as beats (:func:`iwarp_tb.beats.to_columns`), transfers out with their cycles.
+* :func:`verilate` is the native build they share with :mod:`iwarp_tb.harness`.
 
 Builds are cached per module under ``build/`` and rebuilt when the Verilog changes; a file lock
 lets parallel pytest workers share them.
@@ -20,26 +21,56 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from amaranth.hdl import Fragment
+
 from iwarp_nic.axis import axi_ports, convert
 
 from . import toolchain
 from .beats import Beat, to_columns
 
-__all__ = ["write_verilog", "run_cocotb", "BeatPlayer", "Output"]
+__all__ = ["write_verilog", "run_cocotb", "verilate", "BeatPlayer", "Output"]
 
 VERILOG_DIR = toolchain.BUILD / "verilog"
 
 
-def write_verilog(name, component, out_dir=VERILOG_DIR) -> Path:
-    """Write ``component`` as module ``name`` to ``out_dir/<name>.v`` (only if it changed)."""
+def _hdl_digest() -> str:
+    """A digest of every source file of the gateware package (and the Amaranth version)."""
+    import amaranth
+
+    import iwarp_nic
+
+    h = hashlib.sha256(amaranth.__version__.encode())
+    for path in sorted(Path(iwarp_nic.__file__).parent.rglob("*.py")):
+        h.update(str(path.name).encode() + path.read_bytes())
+    return h.hexdigest()
+
+
+def write_verilog(name, component, out_dir=VERILOG_DIR, *, params=None) -> Path:
+    """Write ``component`` as module ``name`` to ``out_dir/<name>.v`` (only if it changed).
+
+    Converting a large design takes tens of seconds (Yosys runs as WebAssembly). With
+    ``params`` (anything whose ``repr`` determines the component, given the gateware sources),
+    the conversion is skipped when the file was made from the same sources and ``params``.
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.v"
+    stamp = path.with_suffix(".v.key")
+    key = None
+    if params is not None:
+        key = hashlib.sha256((_hdl_digest() + repr(params)).encode()).hexdigest()
+        if path.exists() and stamp.exists() and stamp.read_text() == key:
+            Fragment.get(component, None)   # elaborated (cheap) so nothing is left unused
+            return path
     text = convert(component, name)
     if not path.exists() or path.read_text() != text:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(text)
         tmp.replace(path)
+    if key is not None:
+        stamp.write_text(key)
+    elif stamp.exists():
+        stamp.unlink()
     return path
 
 
@@ -99,6 +130,40 @@ def run_cocotb(name, component, test_module, *, test_dir, testcase=None, env=Non
     return total, (trace if waves else None)
 
 
+def verilate(name, sources, build_dir, output, *, headers=(), cflags=(), ldflags=(),
+             args=()) -> Path:
+    """Build module ``name`` natively: ``sources`` (its Verilog and C++ files) into
+    ``build_dir/output`` with ``verilator --cc --exe --build``, at full optimisation.
+
+    ``headers`` are files the C++ sources include; ``cflags`` and ``ldflags`` go to the C++
+    compiler and linker, ``args`` to Verilator. The build is skipped when the sources, headers
+    and options are those of the last one; a file lock beside ``build_dir`` lets parallel
+    processes share it. Returns the path of ``output``.
+    """
+    toolchain.setup()
+    build_dir = Path(build_dir)
+    binary = build_dir / output
+    with _locked(build_dir.with_suffix(".lock")):
+        stamp = build_dir / ".source.sha256"
+        digest = _digest(*sources, *headers) + " ".join([*cflags, "|", *ldflags, "|", *args])
+        if binary.exists() and stamp.exists() and stamp.read_text() == digest:
+            return binary
+        build_dir.mkdir(parents=True, exist_ok=True)
+        cmd = ["verilator", "--cc", "--exe", "--build", "-j", "2", "-O3",
+               "--x-assign", "fast", "--x-initial", "fast", "-Wno-fatal", *args,
+               "--top-module", name, "--Mdir", str(build_dir), "-o", output,
+               "-CFLAGS", " ".join([*cflags, "-O2"]), *(["-LDFLAGS", " ".join(ldflags)]
+                                                       if ldflags else []),
+               *map(str, sources)]
+        log = build_dir / "build.log"
+        with open(log, "w") as f:
+            done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+        if done.returncode:
+            raise RuntimeError(f"Verilator build of {name} failed: see {log}")
+        stamp.write_text(digest)
+    return binary
+
+
 class Output(list):
     """The player's record of the output stream: a list of :class:`~iwarp_tb.beats.Beat` with
     ``cycles`` (the transfer cycle of each beat) and ``stats`` (the player's counters)."""
@@ -118,6 +183,7 @@ class BeatPlayer:
     """
 
     HARNESS = Path(__file__).with_name("vplayer.cpp")
+    HEADERS = [Path(__file__).with_name("vports.h")]
 
     def __init__(self, name, component):
         ports = axi_ports(component)
@@ -130,30 +196,14 @@ class BeatPlayer:
         self.binary = self.build_dir / "vplayer"
 
     def build(self):
-        toolchain.setup()
         defines = [f"-DVTOP=V{self.name}", f"-DVTOP_H='\"V{self.name}.h\"'",
                    f"-DIN_BYTES={self.in_bytes}", f"-DOUT_BYTES={self.out_bytes}"]
         for side in ("s", "m"):
             for sig in ("tkeep", "tlast", "tuser"):
                 if f"{side}_axis_{sig}" in self._has:
                     defines.append(f"-DHAS_{side.upper()}_{sig.upper()}")
-        with _locked(self.build_dir.with_suffix(".lock")):
-            stamp = self.build_dir / ".source.sha256"
-            digest = _digest(self.source, self.HARNESS) + " ".join(defines)
-            if self.binary.exists() and stamp.exists() and stamp.read_text() == digest:
-                return self
-            self.build_dir.mkdir(parents=True, exist_ok=True)
-            cmd = ["verilator", "--cc", "--exe", "--build", "-j", "2", "-O3",
-                   "--x-assign", "fast", "--x-initial", "fast", "-Wno-fatal",
-                   "--top-module", self.name, "--Mdir", str(self.build_dir),
-                   "-o", "vplayer", "-CFLAGS", " ".join(defines + ["-O2"]),
-                   str(self.source), str(self.HARNESS)]
-            log = self.build_dir / "build.log"
-            with open(log, "w") as f:
-                done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
-            if done.returncode:
-                raise RuntimeError(f"Verilator build of {self.name} failed: see {log}")
-            stamp.write_text(digest)
+        verilate(self.name, [self.source, self.HARNESS], self.build_dir, self.binary.name,
+                 headers=self.HEADERS, cflags=defines)
         return self
 
     def play(self, packets, *, idle=0.0, ready=1.0, seed=0, drain=1000, tag="run") -> Output:

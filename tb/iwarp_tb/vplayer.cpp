@@ -28,44 +28,10 @@
 
 #include "verilated.h"
 #include VTOP_H
+#include "vports.h"
 
-namespace {
-
-template <typename T> void put(T &port, const uint8_t *bytes, int n) {
-    T value = 0;
-    for (int i = n - 1; i >= 0; --i) value = static_cast<T>((value << 8) | bytes[i]);
-    port = value;
-}
-
-template <std::size_t W> void put(VlWide<W> &port, const uint8_t *bytes, int n) {
-    for (std::size_t w = 0; w < W; ++w) {
-        uint32_t word = 0;
-        for (int k = 3; k >= 0; --k) {
-            int i = static_cast<int>(w) * 4 + k;
-            word = (word << 8) | (i < n ? bytes[i] : 0);
-        }
-        port[w] = word;
-    }
-}
-
-template <typename T> void get(const T &port, uint8_t *bytes, int n) {
-    uint64_t value = port;
-    for (int i = 0; i < n; ++i) bytes[i] = static_cast<uint8_t>(value >> (8 * i));
-}
-
-template <std::size_t W> void get(const VlWide<W> &port, uint8_t *bytes, int n) {
-    for (int i = 0; i < n; ++i) bytes[i] = static_cast<uint8_t>(port[i / 4] >> (8 * (i % 4)));
-}
-
-uint64_t rng_state;
-uint32_t next_random() {  // xorshift64*
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return static_cast<uint32_t>((rng_state * 2685821657736338717ULL) >> 32);
-}
-
-}  // namespace
+using vports::get;
+using vports::put;
 
 bool read_all(FILE *f, void *buf, std::size_t size) {
     return size == 0 || std::fread(buf, size, 1, f) == 1;
@@ -83,7 +49,7 @@ int main(int argc, char **argv) {
         std::perror("vplayer: open");
         return 2;
     }
-    rng_state = std::strtoull(argv[3], nullptr, 0) * 0x9E3779B97F4A7C15ULL + 1;
+    vports::Random random{std::strtoull(argv[3], nullptr, 0)};
     const uint32_t idle_percent = std::strtoul(argv[4], nullptr, 0);
     const uint32_t ready_percent = std::strtoul(argv[5], nullptr, 0);
     const uint64_t drain = std::strtoull(argv[6], nullptr, 0);
@@ -117,7 +83,7 @@ int main(int argc, char **argv) {
     uint8_t out_data[OUT_BYTES];
     while (next < count || quiet < drain) {
         if (!offering && next < count)
-            offering = !(idle_percent && next_random() % 100 < idle_percent);
+            offering = !(idle_percent && random.next() % 100 < idle_percent);
         const bool offer = offering;
         top.s_axis_tvalid = offer;
         if (offer) {
@@ -132,7 +98,7 @@ int main(int argc, char **argv) {
             top.s_axis_tuser = user[next];
 #endif
         }
-        const bool ready = next_random() % 100 < ready_percent;
+        const bool ready = random.next() % 100 < ready_percent;
         top.m_axis_tready = ready;
         top.clk = 0;
         top.eval();

@@ -748,11 +748,13 @@ class TcpControl(wiring.Component):
             m.d.sync += [seg.conn.eq(conn), seg.dst_ip.eq(t.remote_ip),
                          seg.src_port.eq(t.local_port), seg.dst_port.eq(t.remote_port),
                          seg.ack.eq(t.rcv_nxt), seg.window.eq(win_field), seg.syn_opts.eq(0),
-                         seg.mss.eq(self.mss), seg.ws.eq(self.rcv_ws)]
+                         seg.mss.eq(self.mss), seg.ws.eq(self.rcv_ws), seg.syn_ws.eq(0)]
             with m.If(opening & (t.snd_nxt == t.snd_una)):
                 flags = Mux(_in(t.state, State.SYN_RCVD), SYN | ACK, SYN)
                 advance(send(t.snd_una, 0, flags, t.snd_max != t.snd_una))
-                m.d.sync += [seg.syn_opts.eq(1), seg.window.eq(win_unscaled)]
+                # RFC 7323 2.2: a SYN-ACK offers window scaling only if the SYN did.
+                m.d.sync += [seg.syn_opts.eq(1), seg.window.eq(win_unscaled),
+                             seg.syn_ws.eq(~_in(t.state, State.SYN_RCVD) | t.ws_on)]
             with m.Elif(sending & t.fast_rtx):
                 send(t.snd_una, clip(una_span, t.mss)[:16], ACK, True)
                 count("fast_retransmits")

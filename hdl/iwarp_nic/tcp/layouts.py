@@ -45,11 +45,12 @@ RxSegment = data.StructLayout({
 def TxSegment(conns):
     """A segment to send (control → ``TcpTx``): the header fields, and ``length`` payload bytes
     to take from the connection's send ring starting at sequence number ``seq``. With ``syn_opts``
-    the header carries the MSS (``mss``) and window-scale (``ws``) options."""
+    the header carries the MSS option (``mss``) and, with ``syn_ws``, the window-scale option
+    (``ws``; without it, NOPs in its place, as a SYN-ACK to a SYN that offered none must)."""
     return data.StructLayout({
         "conn": conn_bits(conns), "dst_ip": 32, "src_port": 16, "dst_port": 16,
         "seq": 32, "ack": 32, "flags": 8, "window": 16,
-        "syn_opts": 1, "mss": 16, "ws": 4,
+        "syn_opts": 1, "syn_ws": 1, "mss": 16, "ws": 4,
         "length": 16,
     })
 

@@ -3,7 +3,8 @@
 Implements RFC 9293 section 3.1 (the header, and its checksum over the IPv4 pseudo-header, the
 header and the data), section 3.2 (the MSS option, kind 2 length 4, and NOP, kind 1) and
 RFC 7323 section 2.2 (the window scale option, kind 3 length 3), sent together on SYN segments
-as ``MSS, NOP, WS``: 8 option bytes, data offset 7. RFC 1071 for the checksum arithmetic.
+as ``MSS, NOP, WS`` (or ``MSS, NOP, NOP, NOP, NOP`` without window scaling): 8 option bytes,
+data offset 7. RFC 1071 for the checksum arithmetic.
 
 Sequence numbers, windows and which segment to send are the control's (:mod:`.layouts`); this
 block lays the segment out, fetches its data from the send ring and sums it.
@@ -149,8 +150,10 @@ class TcpTx(wiring.Component):
         has_payload = head.syn_opts | ~is_zero(head.length)
         options = Signal(SYN_OPTIONS.layout)
         m.d.comb += [options.mss_kind.eq(MSS_KIND), options.mss_len.eq(MSS_LEN),
-                     options.mss.eq(head.mss), options.nop.eq(NOP), options.ws_kind.eq(WS_KIND),
-                     options.ws_len.eq(WS_LEN), options.ws.eq(head.ws)]
+                     options.mss.eq(head.mss), options.nop.eq(NOP),
+                     options.ws_kind.eq(Mux(head.syn_ws, WS_KIND, NOP)),
+                     options.ws_len.eq(Mux(head.syn_ws, WS_LEN, NOP)),
+                     options.ws.eq(Mux(head.syn_ws, head.ws, NOP))]
         option_bytes = SYN_OPTIONS.pack(options)
         option_beats = -(-SYN_OPTIONS.length // n)
         option_beat = Signal(beat_layout)
