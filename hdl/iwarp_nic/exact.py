@@ -8,9 +8,10 @@ some signal). Comparisons and additions with constants therefore go through the 
 the constant's top bit is clear, and state machines are chains of exclusive ``m.If`` blocks.
 """
 
-from amaranth import Const, Signal
+from amaranth import Cat, Const, Signal, Value
 
-__all__ = ["mask", "eq", "ne", "lt", "gt", "add", "sub", "is_zero", "select", "Machine"]
+__all__ = ["mask", "eq", "ne", "lt", "gt", "add", "sub", "wrap_add", "wrap_sub", "is_zero",
+           "select", "Machine"]
 
 
 def mask(width):
@@ -61,6 +62,32 @@ def add(a, value):
 def sub(a, value):
     """``a - value`` modulo ``2**len(a)``, ``len(a)`` bits wide."""
     return add(a, -value)
+
+
+def _inverted(m, b, width, name):
+    """``~b`` extended to ``width`` bits (by sign for a signed ``b``, else zero), as a Signal:
+    its extension bits are ones, which the Verilog writer keeps (it trims zeros)."""
+    b = Value.cast(b)
+    fill = b[-1] if b.shape().signed else Const(0, 1)
+    inv = Signal(width, name=name)
+    m.d.comb += inv.eq(~Cat(b, fill.replicate(width - len(b))))
+    return inv
+
+
+def wrap_add(m, a, b, width, name):
+    """``a + b`` modulo ``2**width`` for a ``width``-bit ``a`` and any ``b`` no wider, computed
+    as ``a - ~b - 1`` so that every operator has ``width``-bit operands (Verilator's ``-Wall``
+    rejects mixed widths, and a zero-extended ``b`` would be trimmed back)."""
+    out = Signal(width, name=name)
+    m.d.comb += out.eq(add((a - _inverted(m, b, width, f"{name}_inv"))[:width], -1))
+    return out
+
+
+def wrap_sub(m, a, b, width, name):
+    """``a - b`` modulo ``2**width``, as ``a + ~b + 1`` (see :func:`wrap_add`)."""
+    out = Signal(width, name=name)
+    m.d.comb += out.eq(add((a + _inverted(m, b, width, f"{name}_inv"))[:width], 1))
+    return out
 
 
 def is_zero(a):

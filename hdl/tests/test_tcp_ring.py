@@ -18,7 +18,7 @@ from amaranth.back import verilog
 from iwarp_nic.tcp.ring import TxRing
 from iwarp_tb import toolchain
 from iwarp_tb.amsim import run
-from iwarp_tb.streams import AmaranthBus, StreamPort, recv_packets, send, send_packets
+from iwarp_tb.streams import AmaranthBus, StreamPort, recv, recv_packets, send, send_packets
 
 IDLE = STALL = 0.3
 WIDTHS = (1, 8, 64)
@@ -88,7 +88,10 @@ def test_random_against_bytearray(n):
                        rng=rng, idle=IDLE)
             await send_packets(bus, StreamPort.amaranth(dut.i_data), [data], n, rng=rng,
                                idle=IDLE)
-            await ctx.tick()                    # a spilled tail is stored one cycle later
+            # The ring reports the write once it is readable: only then may it be read.
+            [report] = await recv(bus, StreamPort.amaranth(dut.o_written), 1, rng=rng,
+                                  stall=STALL)
+            assert report == request(conn, seq + length, length)
             shadow.written[conn] += length
         state["writes_done"] = True
 
@@ -208,11 +211,15 @@ def test_throughput(n, aligned):
     async def write_meter(ctx):
         await span(ctx, dut.i_data, beats, cycles, "write")
 
+    async def write_reports(ctx):
+        got = await recv(AmaranthBus(ctx), StreamPort.amaranth(dut.o_written), count)
+        assert got == [request(c, s + k, k) for c, s, k in zip(conns, seqs, lengths)]
+
     async def read_meter(ctx):
         await span(ctx, dut.o_data, beats, cycles, "read")
 
     run(dut, write_requests, write_data, read_requests, read_data, write_meter, read_meter,
-        name=f"tcp_ring_rate_w{n}")
+        write_reports, name=f"tcp_ring_rate_w{n}")
     assert cycles["write"] == beats + spills
     assert cycles["read"] == read_span(seqs, lengths, n)
     if aligned:

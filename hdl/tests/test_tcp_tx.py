@@ -136,7 +136,7 @@ async def write_rings(ctx, ring, requests, packets, n, rng=None):
         await send(bus, StreamPort.amaranth(ring.i_write), [req], rng=rng, idle=IDLE)
         await send_packets(bus, StreamPort.amaranth(ring.i_data), [packet], n, rng=rng,
                            idle=IDLE)
-    await ctx.tick()
+        await recv(bus, StreamPort.amaranth(ring.o_written), 1)
 
 
 async def watch(ctx, iface, out, state):
@@ -258,7 +258,8 @@ def test_line_rate(n):
     first = rng.getrandbits(32)
     records = [{"conn": 1, "dst_ip": ip_int("10.0.0.2"), "src_port": 4791, "dst_port": 5000,
                 "seq": (first + k * length) % 2**32, "ack": 7, "flags": ACK, "window": 65535,
-                "syn_opts": 0, "syn_ws": 0, "mss": 0, "ws": 0, "length": length} for k in range(count)]
+                "syn_opts": 0, "syn_ws": 0, "mss": 0, "ws": 0, "length": length}
+               for k in range(count)]
     beats = count * -(-(20 + length) // n)
     state, got = {}, {}
 

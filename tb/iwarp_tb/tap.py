@@ -14,6 +14,7 @@ addresses (169.254.0.0/16) are used. See ``shared/recipes/linux-tcp-tap.md``.
 import fcntl
 import itertools
 import os
+import random
 import struct
 import subprocess
 import time
@@ -21,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from iwarp_model.pcap import PcapWriter
+from iwarp_model.transport.impair import Link, VirtualClock
 
-__all__ = ["Tap", "bridge", "BridgeStats"]
+__all__ = ["netem_available", "Tap", "bridge", "BridgeStats"]
 
 TUNSETIFF = 0x400454CA
 IFF_TAP = 0x0002
@@ -138,6 +140,15 @@ class Tap:
         return subprocess.Popen(self.command(args), **kw)
 
 
+def netem_available(tap):
+    """Whether the kernel can impair ``tap``'s egress with ``tc netem`` (tries and removes it)."""
+    added = tap.run(["tc", "qdisc", "add", "dev", tap.device, "root", "netem", "delay", "0ms"])
+    if added.returncode:
+        return False
+    tap.run(["tc", "qdisc", "del", "dev", tap.device, "root"])
+    return True
+
+
 @dataclass
 class BridgeStats:
     """What :func:`bridge` passed: ``to_nic`` and ``from_nic`` frames (no FCS), the NIC's frames
@@ -149,7 +160,8 @@ class BridgeStats:
     cycles: int = 0
 
 
-def bridge(harness, tap, until, timeout_s, *, cycles=2000, pcap=None, stats=None):
+def bridge(harness, tap, until, timeout_s, *, cycles=2000, pcap=None, stats=None,
+           impair=None):
     """Join ``tap`` to ``harness``'s PHY until ``until()`` is true; return :class:`BridgeStats`.
 
     Each round moves every frame Linux sent into :meth:`Harness.send_frame`, runs up to
@@ -163,6 +175,11 @@ def bridge(harness, tap, until, timeout_s, *, cycles=2000, pcap=None, stats=None
     (:attr:`Harness.time_ns`): a path (written anew) or a :class:`~iwarp_model.pcap.PcapWriter`
     to add to. ``stats``: a :class:`BridgeStats` to add to. Both are for tests that bridge in
     several spells.
+
+    ``impair``: keyword arguments of :class:`~iwarp_model.transport.impair.Link` (``loss``,
+    ``duplicate``, ``reorder``, ...) applied to Linux's frames on their way to the NIC, in
+    simulated time: Linux's egress impaired as ``tc netem`` would, for kernels built without
+    ``sch_netem`` (:func:`netem_available`). The pcap then shows the frames as Linux sent them.
     """
     stats = stats if stats is not None else BridgeStats()
     deadline = time.monotonic() + timeout_s
@@ -172,10 +189,20 @@ def bridge(harness, tap, until, timeout_s, *, cycles=2000, pcap=None, stats=None
         writer = PcapWriter(pcap)
     period_ns = 1000 / harness.clock_mhz
     start = harness.cycle
+    deliver = harness.send_frame
+    link = None
+    if impair:
+        clock = VirtualClock(harness.time_ns / 1e9)
+        link = Link(harness.send_frame, clock=clock, rng=random.Random(impair.pop("seed", 0)),
+                    **impair)
+        deliver = link.send
     try:
         while True:
+            if link is not None:
+                clock.now = harness.time_ns / 1e9
+                link.poll()
             for frame in tap.read_frames():
-                harness.send_frame(frame)
+                deliver(frame)
                 stats.to_nic.append(frame)
                 if writer:
                     writer.write(frame, harness.time_ns)

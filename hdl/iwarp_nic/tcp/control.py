@@ -22,6 +22,7 @@ serial state machine that loads the TCB, decides, and writes it back:
 * a chunk of application data (``i_chunk``): admitted when the connection's send ring has room
   (then ``o_ring`` tells :class:`.ring.TxRing` where to write it, and ``o_route`` says to keep
   the chunk's bytes) or dropped when the connection cannot send (``o_route`` says to drop them);
+* a chunk stored in the ring (``i_written``): its bytes become sendable;
 * a command (``i_cmd``); and a timer visit, each connection once per tick.
 
 Throughput and latency: an event takes 5 to 8 cycles (plus the lookup and, for opens, the ISN).
@@ -36,11 +37,11 @@ advertised window is the free space of the shared receive buffer and may shrink;
 SYN-RECEIVED aborts; an ESTABLISHED and a PEER_FIN event of one segment may be two events.
 """
 
-from amaranth import Cat, Const, Module, Mux, Signal, Value
+from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, enum, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..exact import Machine, add, eq, gt, is_zero, lt, select
+from ..exact import Machine, add, eq, gt, is_zero, lt, select, wrap_add, wrap_sub
 from .isn import IsnGenerator
 from .layouts import (
     ACK,
@@ -88,6 +89,7 @@ def Tcb():
         "remote_ip": 32, "remote_port": 16, "local_port": 16,
         "snd_una": 32, "snd_nxt": 32, "snd_max": 32,  # snd_max: highest sequence sent + 1
         "snd_end": 32,                                 # end of the data queued by the host
+        "snd_ready": 32,                               # end of the queued data in the ring
         "snd_wl1": 32, "snd_wnd": 16, "snd_ws": 4,     # peer's window, as sent, and its shift
         "rcv_nxt": 32, "ws_on": 1, "mss": 16,
         "fin_pending": 1,   # a FIN follows the queued data (sequence number snd_end)
@@ -120,32 +122,6 @@ Route = data.StructLayout({"keep": 1})
 def _before(a, b):
     """``a`` precedes ``b`` in 32-bit sequence space (RFC 9293 section 3.4); 32-bit operands."""
     return (a - b)[31]
-
-
-def _inverted(m, b, width, name):
-    """``~b`` extended to ``width`` bits (by sign for a signed ``b``, else zero), as a Signal:
-    its extension bits are ones, which the Verilog writer keeps (it trims zeros)."""
-    b = Value.cast(b)
-    fill = b[-1] if b.shape().signed else Const(0, 1)
-    inv = Signal(width, name=name)
-    m.d.comb += inv.eq(~Cat(b, fill.replicate(width - len(b))))
-    return inv
-
-
-def _wrap_add(m, a, b, width, name):
-    """``a + b`` modulo ``2**width`` for a ``width``-bit ``a`` and any ``b`` no wider, computed
-    as ``a - ~b - 1`` so that every operator has ``width``-bit operands (Verilator's ``-Wall``
-    rejects mixed widths, and a zero-extended ``b`` would be trimmed back)."""
-    out = Signal(width, name=name)
-    m.d.comb += out.eq(add((a - _inverted(m, b, width, f"{name}_inv"))[:width], -1))
-    return out
-
-
-def _wrap_sub(m, a, b, width, name):
-    """``a - b`` modulo ``2**width``, as ``a + ~b + 1`` (see :func:`_wrap_add`)."""
-    out = Signal(width, name=name)
-    m.d.comb += out.eq(add((a + _inverted(m, b, width, f"{name}_inv"))[:width], 1))
-    return out
 
 
 def _reached(now, deadline):
@@ -189,6 +165,8 @@ class TcpControl(wiring.Component):
     o_tx : Out(stream TxSegment)        segments to send, to :class:`.tx.TcpTx`
     i_chunk : In(stream ChunkHeader)    host data chunks offered for sending
     o_ring : Out(stream RingRequest)    where an admitted chunk goes in the send ring
+    i_written : In(stream RingRequest)  the ring's report that a chunk is stored: from then on
+                                        its bytes may be sent
     o_route : Out(stream Route)         per chunk, keep its bytes (admitted) or drop them
     i_cmd : In(stream Command); o_event : Out(stream Event)
     ip : In(32); isn_key : In(128); hash_key : In(32)
@@ -231,6 +209,7 @@ class TcpControl(wiring.Component):
             "rx_free": In(32),
             "o_tx": Out(stream.Signature(TxSegment(conns))),
             "i_chunk": In(stream.Signature(ChunkHeader(conns))),
+            "i_written": In(stream.Signature(RingRequest(conns))),
             "o_ring": Out(stream.Signature(RingRequest(conns))),
             "o_route": Out(stream.Signature(Route)),
             "i_cmd": In(stream.Signature(Command(conns))),
@@ -301,6 +280,7 @@ class TcpControl(wiring.Component):
         conn = Signal(cb)
         cmd = Signal(Command(self.conns))
         chunk = Signal(ChunkHeader(self.conns))
+        written = Signal(RingRequest(self.conns))
         verdict = Signal(Verdict(self.conns))
         verdict_valid = Signal()
         seg = Signal(TxSegment(self.conns))
@@ -352,10 +332,10 @@ class TcpControl(wiring.Component):
                       State.CLOSING, State.LAST_ACK)
         receiving = _in(t.state, State.ESTABLISHED, State.FIN_WAIT_1, State.FIN_WAIT_2)
         opening = _in(t.state, State.SYN_SENT, State.SYN_RCVD)
-        data_waiting = _before(t.snd_nxt, t.snd_end)
+        data_waiting = _before(t.snd_nxt, t.snd_ready)     # bytes in the ring, not yet sent
         in_flight = t.snd_una != t.snd_max
-        fin_due = t.fin_pending & (t.snd_nxt == t.snd_end)
-        wnd_right = _wrap_add(m, t.snd_una, wnd_scaled, 32, "wnd_right")
+        fin_due = t.fin_pending & (t.snd_nxt == t.snd_end) & (t.snd_ready == t.snd_end)
+        wnd_right = wrap_add(m, t.snd_una, wnd_scaled, 32, "wnd_right")
         window_open = _before(t.snd_nxt, wnd_right)
         wants_tx = Signal()
         m.d.comb += wants_tx.eq(
@@ -366,23 +346,24 @@ class TcpControl(wiring.Component):
         needs_timer = opening | (synced & in_flight) | persist | _in(t.state, State.TIME_WAIT)
 
         # The next source, round-robin from `turn`: RX, TX, chunk, command, timer.
-        K_RX, K_TX, K_CHUNK, K_CMD, K_TIMER = range(5)
-        kind = Signal(range(5))
-        turn = Signal(range(5))
+        SOURCES = 6
+        K_RX, K_TX, K_CHUNK, K_CMD, K_TIMER, K_WRITTEN = range(SOURCES)
+        kind = Signal(range(SOURCES))
+        turn = Signal(range(SOURCES))
         want = Cat(self.i_seg.valid, ready.r_rdy, self.i_chunk.valid & chunk_retry,
-                   self.i_cmd.valid, sweep != 0)
-        pick = Signal(range(5))
+                   self.i_cmd.valid, sweep != 0, self.i_written.valid)
+        pick = Signal(range(SOURCES))
         with m.Switch(turn):
-            for r in range(5):
-                with (m.Case(r) if r < 4 else m.Default()):
-                    for k in reversed(range(5)):
-                        with m.If(want[(r + k) % 5]):
-                            m.d.comb += pick.eq((r + k) % 5)
+            for r in range(SOURCES):
+                with (m.Case(r) if r < SOURCES - 1 else m.Default()):
+                    for k in reversed(range(SOURCES)):
+                        with m.If(want[(r + k) % SOURCES]):
+                            m.d.comb += pick.eq((r + k) % SOURCES)
         room = (verdicts.w_rdy & txq.w_rdy & lt(events.w_level, events.depth - 1)
                 & rings.w_rdy & routes.w_rdy)
 
         fsm = Machine(m, ["IDLE", "RX_LOOKUP", "RX_WAIT", "NO_CONN", "LOAD", "LOADED", "RX_A",
-                          "RX_B", "ISN", "TX_A", "TX_B", "CHUNK", "CMD", "TIMER", "FIX",
+                          "RX_B", "ISN", "TX_A", "TX_B", "CHUNK", "WRITTEN", "CMD", "TIMER", "FIX",
                           "COMMIT", "EVENTS", "TABLE"], "tcp_state")
 
         with fsm.state("IDLE"):
@@ -390,7 +371,7 @@ class TcpControl(wiring.Component):
                          ring_valid.eq(0), route_valid.eq(0), release.eq(0), insert.eq(0),
                          no_tcb.eq(0), rto_update.eq(0)]
             with m.If(room & want.any()):
-                m.d.sync += [kind.eq(pick), turn.eq(Mux(eq(pick, 4), 0, pick + 1))]
+                m.d.sync += [kind.eq(pick), turn.eq(Mux(eq(pick, SOURCES - 1), 0, pick + 1))]
                 with m.If(eq(pick, K_RX)):
                     m.d.comb += self.i_seg.ready.eq(1)
                     m.d.sync += s.eq(self.i_seg.payload)
@@ -411,6 +392,11 @@ class TcpControl(wiring.Component):
                 with m.If(eq(pick, K_TIMER)):
                     m.d.sync += [conn.eq(scan), sweep.eq(sweep - 1),
                                  scan.eq(Mux(scan == conns - 1, 0, scan + 1))]
+                    fsm.goto("LOAD")
+                with m.If(eq(pick, K_WRITTEN)):
+                    m.d.comb += self.i_written.ready.eq(1)
+                    m.d.sync += [written.eq(self.i_written.payload),
+                                 conn.eq(self.i_written.payload.conn)]
                     fsm.goto("LOAD")
 
         # ---- RX: find the connection by address, or a listening slot for a SYN.
@@ -456,7 +442,7 @@ class TcpControl(wiring.Component):
                 with m.If(ackf):
                     m.d.sync += [seg.seq.eq(s.ack), seg.ack.eq(0), seg.flags.eq(RST)]
                 with m.Else():
-                    m.d.sync += [seg.seq.eq(0), seg.ack.eq(_wrap_add(m, s.seq, seg_len, 32,
+                    m.d.sync += [seg.seq.eq(0), seg.ack.eq(wrap_add(m, s.seq, seg_len, 32,
                                                                      "rst_ack")),
                                  seg.flags.eq(RST | ACK)]
 
@@ -487,14 +473,14 @@ class TcpControl(wiring.Component):
             m.d.comb += [tcb_rd.addr.eq(conn), stats_rd.addr.eq(conn)]
             m.d.sync += [t.eq(tcb_rd.data), st.eq(stats_rd.data)]
             for k, name in ((K_RX, "RX_A"), (K_TX, "TX_A"), (K_CHUNK, "CHUNK"),
-                            (K_CMD, "CMD"), (K_TIMER, "TIMER")):
+                            (K_CMD, "CMD"), (K_TIMER, "TIMER"), (K_WRITTEN, "WRITTEN")):
                 with m.If(eq(kind, k)):
                     fsm.goto(name)
 
         # ---- RX cycle A: classify the segment against the TCB (registered).
         seg_end = Signal(32)        # the sequence number after the payload
         seg_len = Signal(17)        # payload + SYN + FIN
-        m.d.comb += [seg_end.eq(_wrap_add(m, s.seq, s.length, 32, "seg_end_sum")),
+        m.d.comb += [seg_end.eq(wrap_add(m, s.seq, s.length, 32, "seg_end_sum")),
                      seg_len.eq(s.length + syn + fin)]
         acceptable, at_rcv_nxt = Signal(), Signal()
         ack_new, ack_future, ack_too_old, ack_dup = Signal(), Signal(), Signal(), Signal()
@@ -503,12 +489,12 @@ class TcpControl(wiring.Component):
         rtt = Signal(TIME_BITS)
         trim = Signal(16)
         with fsm.state("RX_A"):
-            rcv_right = _wrap_add(m, t.rcv_nxt, rcv_wnd, 32, "rcv_right")
+            rcv_right = wrap_add(m, t.rcv_nxt, rcv_wnd, 32, "rcv_right")
 
             def inside(x):
                 return ~_before(x, t.rcv_nxt) & _before(x, rcv_right)
             last = Signal(32)
-            m.d.comb += last.eq(_wrap_add(m, s.seq, seg_len - 1, 32, "seg_last"))
+            m.d.comb += last.eq(wrap_add(m, s.seq, seg_len - 1, 32, "seg_last"))
             wnd_zero = is_zero(rcv_wnd)
             m.d.sync += [
                 acceptable.eq(Mux(is_zero(seg_len),
@@ -556,9 +542,9 @@ class TcpControl(wiring.Component):
                     diff = Signal(TIME_BITS + 1)
                     m.d.comb += diff.eq(rtt - (t.srtt8 >> 3))
                     mag = Mux(diff[TIME_BITS], -diff, diff)[:TIME_BITS]
-                    var = _wrap_add(m, t.rttvar4, mag, TIME_BITS, "rttvar_up")
+                    var = wrap_add(m, t.rttvar4, mag, TIME_BITS, "rttvar_up")
                     m.d.sync += [t.srtt8.eq((t.srtt8 + diff[:TIME_BITS])[:TIME_BITS]),
-                                 t.rttvar4.eq(_wrap_sub(m, var, t.rttvar4 >> 2, TIME_BITS,
+                                 t.rttvar4.eq(wrap_sub(m, var, t.rttvar4 >> 2, TIME_BITS,
                                                         "rttvar_down"))]
 
         def process_ack():
@@ -688,7 +674,8 @@ class TcpControl(wiring.Component):
             with m.If(isn.o.valid):
                 iss = isn.o.payload
                 m.d.sync += [t.snd_una.eq(iss), t.snd_nxt.eq(iss), t.snd_max.eq(iss),
-                             t.snd_end.eq(iss + 1), t.fin_pending.eq(0), t.ack_now.eq(0),
+                             t.snd_end.eq(iss + 1), t.snd_ready.eq(iss + 1),
+                             t.fin_pending.eq(0), t.ack_now.eq(0),
                              t.ack_delayed.eq(0), t.unacked_seg.eq(0), t.fast_rtx.eq(0),
                              t.probe.eq(0), t.dupacks.eq(0), t.retries.eq(0),
                              t.rto_armed.eq(0), t.rto_cur.eq(self.rto_initial),
@@ -701,7 +688,7 @@ class TcpControl(wiring.Component):
         una_span = Signal(32)       # data bytes from snd_una to the end of what was sent
         with fsm.state("TX_A"):
             sent_end = Mux(_before(t.snd_max, t.snd_end), t.snd_max, t.snd_end)
-            m.d.sync += [avail.eq(Mux(data_waiting, t.snd_end - t.snd_nxt, 0)),
+            m.d.sync += [avail.eq(Mux(data_waiting, t.snd_ready - t.snd_nxt, 0)),
                          usable.eq(Mux(window_open, (wnd_right - t.snd_nxt)[:32], 0)),
                          una_span.eq(sent_end - t.snd_una)]
             fsm.goto("TX_B")
@@ -714,7 +701,7 @@ class TcpControl(wiring.Component):
             after = Signal(32, name="tx_after")
             span = Signal(17, name="tx_span")
             m.d.comb += span.eq(length + ((flags & (SYN | FIN)) != 0))
-            m.d.comb += after.eq(_wrap_add(m, first, span, 32, "tx_after_sum"))
+            m.d.comb += after.eq(wrap_add(m, first, span, 32, "tx_after_sum"))
             m.d.sync += [seg.seq.eq(first), seg.flags.eq(flags), seg.length.eq(length),
                          seg_valid.eq(1), t.ack_now.eq(0), t.ack_delayed.eq(0),
                          t.unacked_seg.eq(0)]
@@ -767,8 +754,9 @@ class TcpControl(wiring.Component):
                 m.d.comb += length.eq(clip(clip(avail, usable), t.mss))
                 length32 = Signal(32)
                 m.d.comb += length32.eq(length)
-                at_end = (t.snd_nxt + length32)[:32] == t.snd_end
-                flags = Mux(t.fin_pending & at_end, ACK | FIN, Mux(at_end, ACK | PSH, ACK))
+                end = (t.snd_nxt + length32)[:32]
+                flags = Mux(t.fin_pending & (end == t.snd_end), ACK | FIN,
+                            Mux(end == t.snd_ready, ACK | PSH, ACK))
                 advance(send(t.snd_nxt, length, flags, _before(t.snd_nxt, t.snd_max)))
                 m.d.sync += t.probe.eq(0)
             with m.Elif(synced & t.ack_now):
@@ -779,8 +767,8 @@ class TcpControl(wiring.Component):
         # ---- Host chunk: admit it into the send ring, or drop one with nowhere to go.
         with fsm.state("CHUNK"):
             fsm.goto("FIX")
-            ring_used = _wrap_sub(m, t.snd_end, t.snd_una, 32, "ring_used")
-            total = _wrap_add(m, ring_used, chunk.length, 32, "ring_total")
+            ring_used = wrap_sub(m, t.snd_end, t.snd_una, 32, "ring_used")
+            total = wrap_add(m, ring_used, chunk.length, 32, "ring_total")
             can_send = _in(t.state, State.ESTABLISHED, State.CLOSE_WAIT) & ~t.fin_pending
             with m.If(~can_send):
                 m.d.comb += self.i_chunk.ready.eq(1)
@@ -793,6 +781,13 @@ class TcpControl(wiring.Component):
                 m.d.comb += chunk32.eq(chunk.length)
                 m.d.sync += [route_keep.eq(1), route_valid.eq(1), ring_valid.eq(1),
                              t.snd_end.eq(t.snd_end + chunk32)]
+
+        # ---- A chunk is in the ring: its bytes may be sent. A report for a slot freed and
+        # reused meanwhile lies outside the new connection's queue and changes nothing.
+        with fsm.state("WRITTEN"):
+            fsm.goto("FIX")
+            with m.If(_before(t.snd_ready, written.seq) & ~_before(t.snd_end, written.seq)):
+                m.d.sync += t.snd_ready.eq(written.seq)
 
         # ---- Commands (RFC 9293 3.10.1 OPEN, 3.10.4 CLOSE, 3.10.5 ABORT).
         free_listen = Signal(range(max(ls, 2)))
@@ -898,7 +893,7 @@ class TcpControl(wiring.Component):
             with m.Elif(~t.rto_armed):
                 timeout = Mux(_in(t.state, State.TIME_WAIT), self.time_wait_ticks, t.rto_cur)
                 m.d.comb += [tcb_next.rto_armed.eq(1),
-                             tcb_next.rto_deadline.eq(_wrap_add(m, now, timeout, TIME_BITS,
+                             tcb_next.rto_deadline.eq(wrap_add(m, now, timeout, TIME_BITS,
                                                                  "deadline"))]
             ring_req = Signal(RingRequest(self.conns))
             m.d.comb += [
@@ -907,7 +902,7 @@ class TcpControl(wiring.Component):
                 verdicts.w_en.eq(verdict_valid), verdicts.w_data.eq(verdict),
                 txq.w_en.eq(seg_valid), txq.w_data.eq(seg),
                 ring_req.conn.eq(conn),
-                ring_req.seq.eq(_wrap_sub(m, t.snd_end, chunk.length, 32, "chunk_seq")),
+                ring_req.seq.eq(wrap_sub(m, t.snd_end, chunk.length, 32, "chunk_seq")),
                 ring_req.length.eq(chunk.length),
                 rings.w_en.eq(ring_valid), rings.w_data.eq(ring_req),
                 routes.w_en.eq(route_valid), routes.w_data.eq(route_keep),

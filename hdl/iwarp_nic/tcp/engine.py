@@ -158,6 +158,7 @@ class TcpEngine(wiring.Component):
         # Transmit: host chunks into the rings (or dropped), segments out of them.
         wiring.connect(m, wiring.flipped(self.i_tx_header), control.i_chunk)
         wiring.connect(m, control.o_ring, ring.i_write)
+        wiring.connect(m, ring.o_written, control.i_written)
         m.d.comb += [tx_gate.i_count.valid.eq(control.o_route.valid),
                      tx_gate.i_count.payload.eq(Mux(control.o_route.payload.keep, 0, 0xFFFF)),
                      control.o_route.ready.eq(tx_gate.i_count.ready)]

@@ -7,11 +7,11 @@ acknowledged is the control's bookkeeping; this block only stores and fetches th
 """
 
 from amaranth import C, Cat, Const, Module, Mux, Signal
-from amaranth.lib import stream, wiring
+from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from ..exact import add, eq, mask, select, sub
+from ..exact import add, eq, lt, mask, select, sub, wrap_add
 from ..stream import BeatStream, check_data_bytes
 from ..trim import HeadTrim
 from .layouts import RingRequest
@@ -51,9 +51,14 @@ class TxRing(wiring.Component):
         For each read request, in order, those bytes as one packet realigned to lane 0: the
         whole words that hold them are read and the first ``seq mod data_bytes`` bytes dropped by
         :class:`~iwarp_nic.trim.HeadTrim`.
+    o_written : Out(stream.Signature(RingRequest(conns)))
+        One report per write, in order, once all its bytes are in memory (readable by any
+        request taken from then on): the connection, ``seq`` the sequence number after its
+        last byte, and its ``length``. A write request waits while two reports are untaken.
 
     Reads and writes are independent and run at the same time. The caller guarantees that a
-    read never asks for bytes not yet written, nor a write overwrites bytes still to be read.
+    read never asks for bytes not yet written (reported), nor a write overwrites bytes still to
+    be read.
     ``conn`` must be below ``conns``; other values address nothing defined.
 
     Visibility: a write beat stores its word at the end of the cycle it is taken; when the last
@@ -88,6 +93,7 @@ class TxRing(wiring.Component):
             "i_data": In(BeatStream(data_bytes)),
             "i_read": In(stream.Signature(RingRequest(conns))),
             "o_data": Out(BeatStream(data_bytes)),
+            "o_written": Out(stream.Signature(RingRequest(conns))),
         })
 
     def elaborate(self, platform):
@@ -116,6 +122,15 @@ class TxRing(wiring.Component):
         active = Signal()                       # taking the packet's beats
         flush = Signal()                        # storing the spilled bytes of its last beat
         conn = Signal.like(req.conn, name="w_conn")
+        # Completed writes, reported once their bytes are all in memory. A request is taken
+        # only with room for its report and the one before it.
+        m.submodules.written = written = fifo.SyncFIFOBuffered(
+            width=RingRequest(self.conns).size, depth=4)
+        wiring.connect(m, written.r_stream, wiring.flipped(self.o_written))
+        report = Signal(RingRequest(self.conns))
+        report_now = Signal()
+        m.d.comb += [written.w_data.eq(report), written.w_en.eq(report_now)]
+        end = wrap_add(m, req.seq, req.length, 32, "w_end")
         index = Signal(index_bits, name="w_index")
         offset = Signal(lane_bits, name="w_offset") if lane_bits else Const(0, 0)
         carry_data = Signal(8 * n)              # lanes below `offset`: bytes of the next word
@@ -130,8 +145,12 @@ class TxRing(wiring.Component):
         m.d.comb += [
             wport.addr.eq(address(conn, index)),
             self.i_data.ready.eq(active),
-            self.i_write.ready.eq(~active | (self.i_data.valid & beat.last & ~spill)),
+            self.i_write.ready.eq((~active | (self.i_data.valid & beat.last & ~spill))
+                                  & lt(written.level, written.depth - 1)),
         ]
+        done = Signal()         # the write's last word was stored in the cycle before
+        m.d.sync += done.eq(flush | (active & self.i_data.valid & beat.last & ~spill))
+        m.d.comb += report_now.eq(done)
         with m.If(flush):
             m.d.comb += [wport.data.eq(carry_data), wport.en.eq(carry_keep)]
             m.d.sync += flush.eq(0)
@@ -148,7 +167,8 @@ class TxRing(wiring.Component):
         # After the beat: a request taken now overrides its updates.
         with m.If(self.i_write.valid & self.i_write.ready):
             m.d.sync += [active.eq(1), conn.eq(req.conn), index.eq(ring_index(req.seq)),
-                         carry_keep.eq(0)]
+                         carry_keep.eq(0), report.conn.eq(req.conn), report.seq.eq(end),
+                         report.length.eq(req.length)]
             if lane_bits:
                 m.d.sync += offset.eq(req.seq[:lane_bits])
 
