@@ -2,7 +2,8 @@
 
 Each entry builds a fresh component; :func:`iwarp_nic.axis.convert` gives it AXI-named ports.
 Widths cover the 1G (1 byte), 10G (8 bytes) and widest (64 bytes) configurations; the MACs
-are one per PHY interface (GMII: 1 byte, XGMII: 8 bytes).
+are one per PHY interface (GMII: 1 byte, XGMII: 8 bytes), and so are the nodes built on them
+(MAC + IP, MAC + IP + TCP with 16 connections).
 """
 
 from amaranth import unsigned
@@ -14,9 +15,15 @@ def tops():
     """``{module_name: factory}`` for every generated top-level module."""
     from .crc import CRC32CEngine, CRC32Engine
     from .eth import GmiiMac, XgmiiMac
+    from .eth.cdc import MacRxCrossing, MacTxCrossing
+    from .fifo import PacketFifo
     from .hdrparse import HeaderEmitter, HeaderParser
     from .headers import ETHERNET
     from .ip import IpStack
+    from .node import IpNode, TcpNode
+    from .tcp.isn import IsnGenerator
+    from .tcp.lookup import ConnLookup
+    from .trim import HeadTrim
 
     tops = {}
     for n in (1, 8, 64):
@@ -26,6 +33,15 @@ def tops():
         tops[f"iwarp_crc32c_w{n}"] = lambda n=n: CRC32CEngine(n)
         tops[f"iwarp_crc32_w{n}"] = lambda n=n: CRC32Engine(n)
         tops[f"iwarp_ip_stack_w{n}"] = lambda n=n: IpStack(n)
+        tops[f"iwarp_head_trim_w{n}"] = lambda n=n: HeadTrim(n, 11, err=True)
+        tops[f"iwarp_packet_fifo_w{n}"] = lambda n=n: PacketFifo(n, 64)
+    for n in (1, 8):
+        tops[f"iwarp_mac_rx_cdc_w{n}"] = lambda n=n: MacRxCrossing(n)
+        tops[f"iwarp_mac_tx_cdc_w{n}"] = lambda n=n: MacTxCrossing(n)
+        tops[f"iwarp_ip_node_w{n}"] = lambda n=n: IpNode(n)
+        tops[f"iwarp_tcp_node_w{n}"] = lambda n=n: TcpNode(n)
+    tops["iwarp_tcp_isn"] = lambda: IsnGenerator(156_250_000)
+    tops["iwarp_tcp_lookup_c256"] = lambda: ConnLookup(256)
     tops["iwarp_skid_u32"] = lambda: SkidBuffer(unsigned(32))
     tops["iwarp_mac_gmii"] = GmiiMac
     tops["iwarp_mac_xgmii"] = XgmiiMac

@@ -148,9 +148,9 @@ class TxRing(wiring.Component):
             self.i_write.ready.eq((~active | (self.i_data.valid & beat.last & ~spill))
                                   & lt(written.level, written.depth - 1)),
         ]
-        done = Signal()         # the write's last word was stored in the cycle before
-        m.d.sync += done.eq(flush | (active & self.i_data.valid & beat.last & ~spill))
-        m.d.comb += report_now.eq(done)
+        # Reported in the cycle its last word is stored (the report leaves the FIFO a cycle
+        # later, when the word is readable), before a request taken now replaces it.
+        m.d.comb += report_now.eq(flush | (active & self.i_data.valid & beat.last & ~spill))
         with m.If(flush):
             m.d.comb += [wport.data.eq(carry_data), wport.en.eq(carry_keep)]
             m.d.sync += flush.eq(0)
