@@ -18,6 +18,20 @@ Benchmarks so far:
   the ECP5 boards' core clock. That goal is the same at 64 bytes: the nominal clock the
   simulation records use for that width (``iwarp_tb.sim.CLOCK_MHZ``) is beyond an ECP5. Build
   folders are ``build/fit/iwarp_crc32c_w<N>/``; the two fits take about 40 s.
+* TCP goodput at 1 and 8 bytes (GMII, XGMII): two :class:`~iwarp_nic.node.TcpNode` back to back
+  in one Verilated top (:class:`~iwarp_tb.tcppair.TcpPair`), one connection, 2 MiB (width 1)
+  or 8 MiB (width 8) of random bytes each way at once, the hosts keeping 32 chunks of 8 KiB
+  queued, every byte checked. Per direction: bytes over the cycles from the first byte taken
+  by the sending engine to the last one out of the receiving engine, in B/cycle, Gb/s, and as
+  a fraction of the TCP payload ceiling (1460 payload bytes in every 1538 wire bytes at MTU
+  1500: ``width * 1460 / 1538`` B/cycle), whose goal is 0.99.
+* TCP latency at 1 and 8 bytes, 64 and 1460-byte payloads, one
+  :class:`~iwarp_tb.tcprig.NicRig` connected to the model's TCP, one segment at a time on an
+  idle line (for information, cycles and ns): wire->stream from the last FCS byte of the
+  segment's frame on the RX pins to its last payload byte out of ``o_rx``; stream->wire from
+  the chunk offered on ``s_axis_tx`` to the first preamble byte of its frame on the TX pins.
+  The four Verilated tops take minutes to build the first time (cached in ``build/``); the
+  runs take about a minute.
 """
 
 import json
@@ -26,6 +40,7 @@ import sys
 
 from . import toolchain
 from .beats import to_columns
+from .harness import MIN_FRAME
 from .runner import BeatPlayer
 from .sim import CLOCK_MHZ
 
@@ -83,7 +98,153 @@ def crc_fits():
                      report["clocks"]["clk"]["fmax_mhz"], "MHz", FIT_TARGET_MHZ)
 
 
-BENCHMARKS = [crc_engines, crc_fits]
+#: TCP bytes per full-size frame at MTU 1500 (RFC 9293 header, no options) and that frame's
+#: bytes on the wire: preamble and SFD 8, Ethernet header 14, IP + TCP 40, FCS 4, gap 12.
+TCP_PAYLOAD, TCP_WIRE = 1460, 1538
+#: Bytes each way in the goodput transfers, by width.
+GOODPUT_BYTES = {1: 2 << 20, 8: 8 << 20}
+
+
+def tcp_goodput():
+    from .tcppair import NODES, PairRig
+
+    for width, size in GOODPUT_BYTES.items():
+        rng = random.Random(width)
+        data = {node: rng.randbytes(size) for node in NODES}
+        rig = PairRig(width, chunk=8192, in_flight=32)
+        try:
+            rig.open()
+            cycles = rig.transfer(data)
+        finally:
+            rig.close()
+        ceiling = width * TCP_PAYLOAD / TCP_WIRE
+        for sender, receiver in zip(NODES, reversed(NODES)):
+            config = (f"{width} B/beat, {CLOCK_MHZ[width]} MHz, {sender}->{receiver} with "
+                      f"{receiver}->{sender} at once, {size >> 20} MiB each way, two TcpNodes "
+                      f"back to back, 64 KiB send ring and receive buffer, 8 KiB chunks")
+            bpc = size / cycles[sender]
+            yield record("TCP goodput", config, round(bpc, 4), "B/cycle")
+            yield record("TCP goodput", config, round(bpc * 8 * CLOCK_MHZ[width] / 1000, 3),
+                         "Gb/s")
+            yield record("TCP goodput / payload ceiling", f"{config}, ceiling {width} x "
+                         f"{TCP_PAYLOAD}/{TCP_WIRE} B/cycle", round(bpc / ceiling, 4),
+                         "fraction", 0.99)
+
+
+#: Payload sizes of the latency records: a small segment and a full one.
+LATENCY_PAYLOADS = (64, 1460)
+PREAMBLE, FCS = 8, 4
+
+
+def tcp_latency():
+    for width in (1, 8):
+        link = _ModelLink(width)
+        try:
+            rng = random.Random(width)
+            for size in LATENCY_PAYLOADS:
+                to_stream = link.wire_to_stream(rng.randbytes(size))
+                to_wire = link.stream_to_wire(rng.randbytes(size))
+                common = f"{width} B/beat, {CLOCK_MHZ[width]} MHz, {size} B payload"
+                for name, config, cycles in (
+                        ("TCP latency wire->stream", f"{common}, from the last FCS byte of "
+                         "its frame on the RX pins to the last payload byte out of o_rx",
+                         to_stream),
+                        ("TCP latency stream->wire", f"{common}, from the chunk offered on "
+                         "s_axis_tx (idle connection, window open) to the first preamble byte "
+                         "of its frame on the TX pins", to_wire)):
+                    yield record(name, config, cycles, "cycles")
+                    yield record(name, config, round(cycles * 1000 / CLOCK_MHZ[width], 1), "ns")
+        finally:
+            link.close()
+
+
+class _ModelLink:
+    """A :class:`~iwarp_tb.tcprig.NicRig` of ``width`` bytes with one connection (slot 0) to
+    the model, for one segment at a time on an idle line."""
+
+    HEADERS = 14 + 20 + 20   # Ethernet, IPv4 and TCP headers of a data segment, no options
+
+    def __init__(self, width):
+        from .tcprig import ModelWire, NicRig
+
+        self.width = width
+        self.rig = rig = NicRig(width)
+        self.h, self.host = rig.h, rig.host
+        self.wire = ModelWire(rig)
+        self.host.listen(0, 5000)
+        self.h.run(200)
+        self.peer = self.wire.model.connect(rig.ip, 5000)
+        self.wire.run(lambda: self.host.slots[0].peer is not None, timeout=0.05)
+        self.into_nic = []   # (cycle, length) of each frame put on the RX pins
+        self._deliver = self.wire.to_nic.deliver
+        self.wire.to_nic.deliver = self._recorded
+
+    def _recorded(self, frame):
+        self.into_nic.append((self.h.cycle, max(len(frame), MIN_FRAME)))
+        self._deliver(frame)
+
+    def quiet(self):
+        """Run long enough for every delayed ACK and queued frame to be gone."""
+        for _ in range(50):
+            self.wire.step(2000)
+        self.into_nic.clear()
+
+    def run_until(self, done):
+        """Run output by output until ``done()``; the cycle of that output."""
+        for _ in range(100):
+            self.h.run(100_000, until_output=True)
+            self.host.service()
+            if done():
+                return self.h.cycle - 1
+        raise AssertionError("not done after 10^7 cycles")
+
+    def wire_to_stream(self, data):
+        """The model sends ``data`` as one segment. A frame handed to the idle RX pins starts
+        there in the next cycle; its last FCS byte is ceil((8 + length + 4) / width) - 1
+        cycles later."""
+        self.quiet()
+        received = self.host.slots[0].received
+        received.clear()
+        self.peer.send(data)
+        while not self.into_nic:
+            self.wire.step(50)
+        (start, length), = self.into_nic
+        fcs_end = start + -(-(PREAMBLE + length + FCS) // self.width) - 1
+        end = self.run_until(lambda: len(received) >= len(data))
+        if bytes(received) != data:
+            raise AssertionError("the NIC received other bytes than the model sent")
+        return end - fcs_end
+
+    def stream_to_wire(self, data):
+        """The host hands ``data`` over as one chunk. :meth:`~iwarp_tb.harness.Harness.frames`
+        gives the cycle a frame ended, (8 + length + 4) // width cycles after its first
+        preamble byte (the end is seen after the FCS, GMII's on the next cycle, XGMII's at
+        /T/)."""
+        self.quiet()
+        self.host.send(0, data)
+        offered = self.h.cycle
+        self.host.service()
+        frames = []
+
+        def sent():
+            frames.extend(self.h.frames())
+            return any(frame[self.HEADERS:] == data for frame in frames)
+
+        self.run_until(sent)
+        segment, = (frame for frame in frames if frame[self.HEADERS:] == data)
+        first = segment.cycle - (PREAMBLE + len(segment) + FCS) // self.width
+        for frame in frames:
+            self.wire.to_model.send(bytes(frame))
+        self.wire.run(lambda: self.peer.available >= len(data), timeout=0.05)
+        if self.peer.recv() != data:
+            raise AssertionError("the model received other bytes than the NIC sent")
+        return first - offered
+
+    def close(self):
+        self.rig.close()
+
+
+BENCHMARKS = [crc_engines, crc_fits, tcp_goodput, tcp_latency]
 
 
 def table(records):

@@ -4,8 +4,9 @@ plays through the engine's command, event and byte-stream ports.
 :class:`TcpHost` keeps, per connection slot, the bytes queued to send and the bytes received,
 and turns calls into transfers on the module's streams (names of :mod:`iwarp_nic.axis`):
 ``s_axis_cmd`` / ``m_axis_event`` and ``s_axis_tx_header`` + ``s_axis_tx`` /
-``m_axis_rx_header`` + ``m_axis_rx``. :meth:`TcpHost.service` moves data both ways; call it
-between runs of the clock.
+``m_axis_rx_header`` + ``m_axis_rx`` (with a ``prefix`` after ``s_axis_``/``m_axis_`` for a
+module holding more than one engine, :class:`~iwarp_tb.tcppair.TcpPair`). :meth:`TcpHost.service`
+moves data both ways; call it between runs of the clock.
 """
 
 from collections import deque
@@ -41,10 +42,11 @@ class TcpHost:
 
     ``chunk`` is the largest chunk handed to the engine (at most its ``ring_bytes``);
     ``in_flight`` bounds the chunks queued in the harness at once, so a chunk waiting for a
-    full ring holds few others behind it.
+    full ring holds few others behind it. ``prefix`` goes in front of the stream names
+    (``prefix="a_"``: ``s_axis_a_cmd``, ``m_axis_a_rx``, ...).
     """
 
-    def __init__(self, harness, conns, *, chunk=2048, in_flight=2):
+    def __init__(self, harness, conns, *, chunk=2048, in_flight=2, prefix=""):
         self.h = harness
         self.conns = conns
         self.chunk = chunk
@@ -56,12 +58,15 @@ class TcpHost:
         self._cmd = Command(conns)
         self._event = Event(conns)
         self._header = ChunkHeader(conns)
+        self._cmd_port, self._event_port = f"s_axis_{prefix}cmd", f"m_axis_{prefix}event"
+        self._tx_header_port, self._tx_port = f"s_axis_{prefix}tx_header", f"s_axis_{prefix}tx"
+        self._rx_header_port, self._rx_port = f"m_axis_{prefix}rx_header", f"m_axis_{prefix}rx"
 
     # Commands.
 
     def command(self, op, conn, *, local_port=0, remote_ip=0, remote_port=0):
-        self.h.push("s_axis_cmd", [pack(self._cmd, op=op, conn=conn, local_port=local_port,
-                                        remote_ip=remote_ip, remote_port=remote_port)])
+        self.h.push(self._cmd_port, [pack(self._cmd, op=op, conn=conn, local_port=local_port,
+                                          remote_ip=remote_ip, remote_port=remote_port)])
 
     def listen(self, conn, port):
         self.command(CommandOp.LISTEN, conn, local_port=port)
@@ -92,7 +97,7 @@ class TcpHost:
     def service(self):
         """Hand queued chunks to the engine (round-robin over slots) and collect what came
         out: events and received bytes."""
-        while self.h.pending("s_axis_tx_header") < self.in_flight:
+        while self.h.pending(self._tx_header_port) < self.in_flight:
             for k in range(self.conns):
                 conn = (self._turn + k) % self.conns
                 if self.slots[conn].to_send:
@@ -101,10 +106,10 @@ class TcpHost:
                 break
             self._turn = (conn + 1) % self.conns
             data = self.slots[conn].to_send.popleft()
-            self.h.push("s_axis_tx_header", [pack(self._header, conn=conn, length=len(data))])
-            self.h.push("s_axis_tx", [data])
+            self.h.push(self._tx_header_port, [pack(self._header, conn=conn, length=len(data))])
+            self.h.push(self._tx_port, [data])
             self.slots[conn].sent += len(data)
-        for value in self.h.pull("m_axis_event"):
+        for value in self.h.pull(self._event_port):
             ev = unpack(self._event, value)
             slot = self.slots[ev["conn"]]
             slot.events.append(ev["kind"])
@@ -113,8 +118,8 @@ class TcpHost:
             elif ev["kind"] in ENDED:
                 slot.peer = None
             self.events.append((ev["kind"], ev["conn"], ev))
-        self._rx_headers.extend(unpack(self._header, v) for v in self.h.pull("m_axis_rx_header"))
-        for packet in self.h.pull("m_axis_rx"):
+        self._rx_headers.extend(unpack(self._header, v) for v in self.h.pull(self._rx_header_port))
+        for packet in self.h.pull(self._rx_port):
             header = self._rx_headers.popleft()
             if len(packet) != header["length"] or packet.err:
                 raise AssertionError(f"rx chunk of {len(packet)} bytes (err={packet.err}) "

@@ -350,7 +350,8 @@ class TcpControl(wiring.Component):
         K_RX, K_TX, K_CHUNK, K_CMD, K_TIMER, K_WRITTEN = range(SOURCES)
         kind = Signal(range(SOURCES))
         turn = Signal(range(SOURCES))
-        want = Cat(self.i_seg.valid, ready.r_rdy, self.i_chunk.valid & chunk_retry,
+        want = Cat(self.i_seg.valid, ready.r_rdy,
+                   self.i_chunk.valid & chunk_retry & rings.w_rdy & routes.w_rdy,
                    self.i_cmd.valid, sweep != 0, self.i_written.valid)
         pick = Signal(range(SOURCES))
         with m.Switch(turn):
@@ -359,8 +360,10 @@ class TcpControl(wiring.Component):
                     for k in reversed(range(SOURCES)):
                         with m.If(want[(r + k) % SOURCES]):
                             m.d.comb += pick.eq((r + k) % SOURCES)
-        room = (verdicts.w_rdy & txq.w_rdy & lt(events.w_level, events.depth - 1)
-                & rings.w_rdy & routes.w_rdy)
+        # Room for what any event may write; only a chunk writes the ring and route queues, so
+        # a full one holds chunks alone (holding every event would deadlock against the ring,
+        # which waits for its write reports to be taken).
+        room = verdicts.w_rdy & txq.w_rdy & lt(events.w_level, events.depth - 1)
 
         fsm = Machine(m, ["IDLE", "RX_LOOKUP", "RX_WAIT", "NO_CONN", "LOAD", "LOADED", "RX_A",
                           "RX_B", "ISN", "TX_A", "TX_B", "CHUNK", "WRITTEN", "CMD", "TIMER", "FIX",
