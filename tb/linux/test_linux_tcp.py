@@ -118,6 +118,9 @@ NETEM = {
 }
 
 
+@pytest.mark.xfail(run=False, reason="known open bug (issue 4): with Linux's egress faulted "
+                   "(bridged netem) some runs stall until the 600 s timeout; loss 5% at width 8 "
+                   "passes; being debugged")
 @pytest.mark.parametrize("width", (1, 8))
 @pytest.mark.parametrize("impair", NETEM)
 def test_netem(width, impair):
