@@ -25,7 +25,7 @@ from .ip import IpStack
 from .ip.stack import COUNTERS
 from .stream import BeatLayout
 
-__all__ = ["mac_for", "MacIp", "IpNode", "TcpNode", "TCP_PORTS"]
+__all__ = ["mac_for", "forward", "MacIp", "IpNode", "TcpNode", "TCP_PORTS"]
 
 #: The IpStack ports that carry TCP: received datagrams out, segments to send in.
 TCP_PORTS = ("o_tcp_header", "o_tcp_payload", "i_tcp_header", "i_tcp_payload")
@@ -38,6 +38,18 @@ def mac_for(data_bytes):
         raise ValueError(f"no MAC has a {data_bytes}-byte PHY interface: data_bytes must be "
                          f"1 (GMII) or 8 (XGMII)")
     return macs[data_bytes]()
+
+
+def forward(m, member, outer, inner):
+    """Join a component's port ``outer`` to the same port ``inner`` of a block inside it:
+    ``member`` is the port's signature member (a stream or a plain signal, either flow)."""
+    if member.is_signature:
+        if member.flow == In:
+            wiring.connect(m, wiring.flipped(outer), inner)
+        else:
+            wiring.connect(m, inner, wiring.flipped(outer))
+    else:
+        m.d.comb += inner.eq(outer) if member.flow == In else outer.eq(inner)
 
 
 class MacIp:
@@ -180,14 +192,7 @@ class TcpNode(wiring.Component):
         wiring.connect(m, engine.o_ip, stack.i_tcp_payload)
         m.d.comb += engine.ip.eq(self.ip)
         for name, member in self._host.items():
-            outer, inner = getattr(self, name), getattr(engine, name)
-            if member.is_signature:
-                if member.flow == In:
-                    wiring.connect(m, wiring.flipped(outer), inner)
-                else:
-                    wiring.connect(m, inner, wiring.flipped(outer))
-            else:
-                m.d.comb += inner.eq(outer) if member.flow == In else outer.eq(inner)
+            forward(m, member, getattr(self, name), getattr(engine, name))
         for name in self._counters:
             m.d.comb += getattr(self, f"tcp_{name}").eq(getattr(engine, name))
         return m

@@ -16,9 +16,8 @@ import random
 
 from amaranth import Module
 from amaranth.lib import wiring
-from amaranth.lib.wiring import In
 
-from iwarp_nic.node import TcpNode
+from iwarp_nic.node import TcpNode, forward
 
 from .harness import PHY_PINS, Harness
 from .tcphost import TcpHost
@@ -67,14 +66,8 @@ class TcpPair(wiring.Component):
         for node, block in self.nodes.items():
             m.submodules[node] = block
             for name, member in self._host.items():
-                outer, inner = getattr(self, _outer_name(node, name)), getattr(block, name)
-                if member.is_signature:
-                    if member.flow == In:
-                        wiring.connect(m, wiring.flipped(outer), inner)
-                    else:
-                        wiring.connect(m, inner, wiring.flipped(outer))
-                else:
-                    m.d.comb += inner.eq(outer) if member.flow == In else outer.eq(inner)
+                forward(m, member, getattr(self, _outer_name(node, name)),
+                        getattr(block, name))
         a, b = self.nodes["a"], self.nodes["b"]
         for tx, rx in WIRE[self.phy].items():
             for src, dst in ((a, b), (b, a)):
