@@ -222,13 +222,13 @@ class Harness:
             raise ValueError(f"{port} is {'a PHY pin' if is_in else 'an output'}: it can't be set")
         if not 0 <= value < 1 << width:
             raise ValueError(f"{port} is {width} bits wide: {value:#x} does not fit")
-        self._lib.hs_set(self._h, index, value.to_bytes((width + 7) // 8, "little"))
+        self._lib.hs_set(self._live, index, value.to_bytes((width + 7) // 8, "little"))
 
     def get(self, port):
         """The value of ``port`` now (an output after the last clock edge)."""
         index, width, _ = self._port(port)
         buf = ctypes.create_string_buffer((width + 7) // 8)
-        self._lib.hs_get(self._h, index, buf)
+        self._lib.hs_get(self._live, index, buf)
         return int.from_bytes(buf.raw, "little")
 
     # Streams.
@@ -256,11 +256,11 @@ class Harness:
             data = b"".join(v.to_bytes(s.tdata_bytes, "little") for v in items)
             keep, last, user = bytes(8 * count), b"\x01" * count, bytes(count)
         if count:
-            self._lib.hs_push(self._h, s.index, count, data, keep, last, user)
+            self._lib.hs_push(self._live, s.index, count, data, keep, last, user)
 
     def pending(self, prefix):
         """Transfers queued on input stream ``prefix`` that the module has not yet taken."""
-        return self._lib.hs_pending(self._h, self._stream(self._inputs, prefix).index)
+        return self._lib.hs_pending(self._live, self._stream(self._inputs, prefix).index)
 
     def pull(self, prefix):
         """What came out of output stream ``prefix`` since the last call: whole packets
@@ -268,12 +268,12 @@ class Harness:
         stream, one integer per transfer for any other. A packet still without its last beat
         stays for the next call."""
         s = self._stream(self._outputs, prefix)
-        count = self._lib.hs_out_count(self._h, s.index)
+        count = self._lib.hs_out_count(self._live, s.index)
         data = ctypes.create_string_buffer(count * s.tdata_bytes)
         keep = (ctypes.c_uint64 * count)()
         last = ctypes.create_string_buffer(count)
         user = ctypes.create_string_buffer(count)
-        self._lib.hs_pull(self._h, s.index, data, keep, last, user)
+        self._lib.hs_pull(self._live, s.index, data, keep, last, user)
         n = s.tdata_bytes
         values = [int.from_bytes(data.raw[i * n:(i + 1) * n], "little") for i in range(count)]
         if s.data_bytes is None:
@@ -288,13 +288,13 @@ class Harness:
         """Hold output ``prefix``'s ``tready`` high each cycle with ``probability`` (1 at
         first), drawn from random numbers seeded with ``seed``."""
         s = self._stream(self._outputs, prefix)
-        self._lib.hs_ready(self._h, s.index, _probability(probability), seed)
+        self._lib.hs_ready(self._live, s.index, _probability(probability), seed)
 
     def set_idle(self, prefix, probability, seed=0):
         """Before each transfer on input ``prefix``, idle a cycle with ``probability``
         (repeatedly; 0 at first)."""
         s = self._stream(self._inputs, prefix)
-        self._lib.hs_idle(self._h, s.index, _probability(probability), seed)
+        self._lib.hs_idle(self._live, s.index, _probability(probability), seed)
 
     # The PHY.
 
@@ -306,7 +306,7 @@ class Harness:
         frame = bytes(frame)
         if pad and len(frame) < MIN_FRAME:
             frame += bytes(MIN_FRAME - len(frame))
-        self._lib.hs_send_frame(self._h, frame, len(frame), int(bad_fcs))
+        self._lib.hs_send_frame(self._live, frame, len(frame), int(bad_fcs))
 
     def frames(self):
         """The frames the MAC sent since the last call, FCS stripped, as
@@ -314,9 +314,9 @@ class Harness:
         /E/, a control character other than /T/ ending the frame) or a bad preamble; the reasons
         are in ``packet.reasons`` and the cycle its last byte left in ``packet.cycle``."""
         self._need_phy()
-        size = self._lib.hs_frames_size(self._h)
+        size = self._lib.hs_frames_size(self._live)
         buf = ctypes.create_string_buffer(size)
-        self._lib.hs_take_frames(self._h, buf)
+        self._lib.hs_take_frames(self._live, buf)
         raw, frames, at = buf.raw, [], 0
         while at < size:
             cycle = int.from_bytes(raw[at:at + 8], "little")
@@ -339,17 +339,24 @@ class Harness:
         """Run up to ``cycles`` clock cycles; with ``until_output``, return after the first
         cycle in which something came out (a packet's last beat or a transfer of a struct
         stream on an output stream, or the end of a frame on the PHY). Returns the cycles run."""
-        return self._lib.hs_run(self._h, cycles, int(until_output))
+        return self._lib.hs_run(self._live, cycles, int(until_output))
 
     @property
     def cycle(self):
         """Cycles run since reset."""
-        return self._lib.hs_cycle(self._h)
+        return self._lib.hs_cycle(self._live)
 
     @property
     def time_ns(self):
         """:attr:`cycle` in nanoseconds at :attr:`clock_mhz`."""
         return self.cycle * 1000 / self.clock_mhz
+
+    @property
+    def _live(self):
+        """The simulation's handle; :exc:`RuntimeError` once :meth:`close` has run."""
+        if not self._h:
+            raise RuntimeError(f"{self.name}: the harness is closed (read results before close)")
+        return self._h
 
     def close(self):
         """Finish the simulation (and the waveform); the harness can't run after this."""

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from iwarp_nic.tcp.engine import COUNTERS as TCP_COUNTERS
 from iwarp_nic.tcp.layouts import EventKind
 from iwarp_tb import toolchain
 from iwarp_tb.tap import Tap, bridge, netem_available
@@ -36,7 +37,8 @@ from peer import pattern  # noqa: E402
 def session(width, name, *, nic_role, conns=1, size=MiB, netem=None, abort=False,
             timeout_s=600):
     """Run ``conns`` connections of ``size`` bytes each way, the NIC as ``nic_role``
-    ("server" or "client"); return (rig, Linux's results, the NIC's slots)."""
+    ("server" or "client"); return (rig, Linux's results, the NIC's slots). The rig's
+    simulation is closed by then: its engine counters are kept in ``rig.final``."""
     with Tap() as tap:
         rig = NicRig(width, conns=16, ip=tap.nic_ip)
         try:
@@ -82,6 +84,7 @@ def session(width, name, *, nic_role, conns=1, size=MiB, netem=None, abort=False
                 proc.kill()
             out = proc.communicate()[0].strip().splitlines()
             results = json.loads(out[-1])
+            rig.final = rig.counters(*(f"tcp_{name}" for name in TCP_COUNTERS))
             return rig, results, ports
         finally:
             rig.close()
@@ -153,4 +156,4 @@ def test_linux_reset(width):
     assert results[str(port)] == {"received": size,
                                   "sha256": hashlib.sha256(mine).hexdigest()}
     assert rig.host.slots[slot].last_event == EventKind.RESET
-    assert rig.h.get("tcp_resets") == 1
+    assert rig.final["tcp_resets"] == 1
