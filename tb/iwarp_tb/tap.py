@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from iwarp_model.pcap import PcapWriter
-from iwarp_model.transport.impair import Link, VirtualClock
+from iwarp_model.transport.impair import Link
 
 __all__ = ["netem_available", "Tap", "bridge", "BridgeStats"]
 
@@ -177,9 +177,12 @@ def bridge(harness, tap, until, timeout_s, *, cycles=2000, pcap=None, stats=None
     several spells.
 
     ``impair``: keyword arguments of :class:`~iwarp_model.transport.impair.Link` (``loss``,
-    ``duplicate``, ``reorder``, ...) applied to Linux's frames on their way to the NIC, in
-    simulated time: Linux's egress impaired as ``tc netem`` would, for kernels built without
-    ``sch_netem`` (:func:`netem_available`). The pcap then shows the frames as Linux sent them.
+    ``duplicate``, ``reorder``, ...) applied to Linux's frames on their way to the NIC: Linux's
+    egress impaired as ``tc netem`` would, for kernels built without ``sch_netem``
+    (:func:`netem_available`). Its delays run in wall time, Linux's clock, as netem's do: in
+    simulated time a reorder hold of milliseconds lasts seconds of Linux's time, far beyond its
+    retransmission timeout, and measures the simulator's speed rather than the NIC. The pcap
+    shows the frames as Linux sent them.
     """
     stats = stats if stats is not None else BridgeStats()
     deadline = time.monotonic() + timeout_s
@@ -192,14 +195,12 @@ def bridge(harness, tap, until, timeout_s, *, cycles=2000, pcap=None, stats=None
     deliver = harness.send_frame
     link = None
     if impair:
-        clock = VirtualClock(harness.time_ns / 1e9)
-        link = Link(harness.send_frame, clock=clock, rng=random.Random(impair.pop("seed", 0)),
-                    **impair)
+        link = Link(harness.send_frame, clock=time.monotonic,
+                    rng=random.Random(impair.pop("seed", 0)), **impair)
         deliver = link.send
     try:
         while True:
             if link is not None:
-                clock.now = harness.time_ns / 1e9
                 link.poll()
             for frame in tap.read_frames():
                 deliver(frame)

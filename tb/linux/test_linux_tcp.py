@@ -116,16 +116,24 @@ def test_16mib_each_way(width, nic_role):
 NETEM = {
     "loss1": (["loss", "1%"], {"loss": 0.01}),
     "loss5": (["loss", "5%"], {"loss": 0.05}),
-    "reorder": (["delay", "1ms", "reorder", "75%", "50%"], {"reorder": 0.25}),
+    "reorder": (["delay", "1ms", "reorder", "75%", "50%"],
+                {"reorder": 0.25, "reorder_delay": 0.001}),
     "duplicate": (["duplicate", "5%"], {"duplicate": 0.05}),
 }
 
 
-@pytest.mark.xfail(run=False, reason="known open bug (issue 4): with Linux's egress faulted "
-                   "(bridged netem) some runs stall until the 600 s timeout; loss 5% at width 8 "
-                   "passes; being debugged")
+#: Known open failure (issue 4), measured with ``ss -ti`` in the run: at 5% loss Linux often
+#: loses two or more segments of one window; this end keeps only the run after the first hole
+#: and has no SACK, so Linux repairs one hole per round trip (NewReno) or by timeout, and its
+#: backed-off timer (and a round-trip estimate inflated to tens of seconds) outlasts the test.
+#: SACK for the parked run is the fix.
+LOSS5_OPEN = pytest.mark.xfail(run=False, reason="issue 4: 5% loss needs SACK (several holes "
+                               "per window); Linux's recovery outlasts the timeout")
+
+
 @pytest.mark.parametrize("width", (1, 8))
-@pytest.mark.parametrize("impair", NETEM)
+@pytest.mark.parametrize("impair", [pytest.param(k, marks=LOSS5_OPEN) if k == "loss5" else k
+                                    for k in NETEM])
 def test_netem(width, impair):
     """Linux's egress impaired by ``tc netem`` (or, where the kernel has no ``sch_netem``, by
     the bridge with the same faults): still byte-exact both ways."""
@@ -133,6 +141,9 @@ def test_netem(width, impair):
     rig, results, ports = session(width, f"netem_{impair}", nic_role="server", size=size,
                                   netem=NETEM[impair])
     check_transfers(rig, results, ports, size)
+    # The faults reached the NIC: segments past a hole (kept for later), or old duplicates.
+    seen = "tcp_rx_dropped" if impair == "duplicate" else "tcp_rx_parked"
+    assert rig.final[seen] > 0, f"{impair}: the NIC saw no fault ({seen} is 0)"
 
 
 @pytest.mark.parametrize("width", (1, 8))

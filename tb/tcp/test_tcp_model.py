@@ -110,6 +110,9 @@ def test_bulk_impaired(rig, impair):
     passive = nic_listens(rig, wire)
     size = 256 * 1024 if rig.width == 8 else 96 * 1024
     exchange(rig, wire, [(0, passive)], size, timeout=0.5)
+    if impair.get("loss") or impair.get("reorder"):
+        # Segments after a hole were kept and delivered (byte-exact above) once it filled.
+        assert rig.h.get("tcp_rx_parked") > 0, "no out-of-order segment was parked"
     if impair.get("corrupt"):
         caught = sum(rig.h.get(n) for n in ("tcp_rx_front_bad_checksum", "rx_bad_checksum",
                                             "rx_bad_header", "tcp_rx_front_bad_header",
@@ -238,6 +241,38 @@ def test_peer_reset(rig):
     wire.run(lambda: rig.host.slots[0].last_event == EventKind.RESET, timeout=0.05)
     exchange(rig, wire, [(1, other)], 10_000)
     # The slot can listen and be connected again.
+    again = nic_listens(rig, wire, conn=0)
+    exchange(rig, wire, [(0, again)], 10_000)
+
+
+def test_parked_run_of_a_reset_connection_is_thrown_away(rig):
+    """Segments parked past a hole die with their connection: a RST frees the slot, the run
+    is dropped (never delivered to anyone), another connection's out-of-order segment was not
+    parked meanwhile (one run at a time), and the slot, connected again, gets only its own
+    bytes."""
+    wire = ModelWire(rig)
+    target = nic_listens(rig, wire, conn=0)
+    other = nic_connects(rig, wire, conn=1)
+    exchange(rig, wire, [(0, target), (1, other)], 4000)
+    before = {n: rig.h.get(n) for n in ("tcp_rx_parked", "tcp_rx_dropped")}
+    craft = Crafter(rig, wire, target)
+    poison = b"PARKED" * 100
+    for k in range(2):                              # a run of two, past a 1000-byte hole
+        seq = (target.snd_nxt + 1000 + k * len(poison)) % (1 << 32)
+        craft.send(craft.segment(seq=seq, payload=poison, flags="PA"))
+    assert rig.h.get("tcp_rx_parked") - before["tcp_rx_parked"] == 2
+    other_craft = Crafter(rig, wire, other)
+    other_craft.send(other_craft.segment(seq=(other.snd_nxt + 1000) % (1 << 32),
+                                         payload=poison, flags="PA"))
+    assert rig.h.get("tcp_rx_parked") - before["tcp_rx_parked"] == 2
+    target.abort()
+    wire.run(lambda: rig.host.slots[0].last_event == EventKind.RESET, timeout=0.05)
+    for _ in range(10):
+        wire.step(2000)
+    # The other connection's segment and the two parked ones were dropped.
+    assert rig.h.get("tcp_rx_dropped") - before["tcp_rx_dropped"] >= 3
+    assert not rig.host.slots[0].received and not rig.host.slots[1].received
+    exchange(rig, wire, [(1, other)], 10_000)       # byte-exact: nothing else arrived
     again = nic_listens(rig, wire, conn=0)
     exchange(rig, wire, [(0, again)], 10_000)
 

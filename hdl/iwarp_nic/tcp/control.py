@@ -23,17 +23,30 @@ serial state machine that loads the TCB, decides, and writes it back:
   (then ``o_ring`` tells :class:`.ring.TxRing` where to write it, and ``o_route`` says to keep
   the chunk's bytes) or dropped when the connection cannot send (``o_route`` says to drop them);
 * a chunk stored in the ring (``i_written``): its bytes become sendable;
+* a park visit: the oldest parked segment leaves the park once RCV.NXT has reached it;
 * a command (``i_cmd``); and a timer visit, each connection once per tick.
+
+Out-of-order segments (RFC 9293 3.10.7.4 "seventh" allows keeping them): one connection at a
+time may *park* a run of contiguous segments that starts past RCV.NXT (the first hole, as a
+lost or late segment leaves it), up to ``park_segments`` of them. Each is ACKed at once with
+a duplicate ACK (RFC 5681 section 4.2), so the peer's fast retransmit still fires. When the
+hole is filled, the parked segments are delivered in order behind it and ACKed at once, so
+the peer's cumulative ACK jumps over the whole run: one retransmission repairs a loss, a late
+segment costs none, and the ACK covers segments sent once, whose round-trip samples Karn's rule
+lets the peer take (without them a peer's backed-off timer never comes down). Segments of
+another connection, out of the run's order, carrying a FIN, or longer than ``mss`` are dropped
+as before. A connection that closes with segments parked has them thrown away.
 
 Throughput and latency: an event takes 5 to 8 cycles (plus the lookup and, for opens, the ISN).
 A full-size segment lasts 183 cycles at 8 bytes per beat, so one data segment in each direction
 and its ACKs leave the machine mostly idle. An event starts only when the output FIFOs it may
 write have room, so it never waits half way; the sources are served round-robin.
 
-Limits, by design: segments that arrive out of order are dropped with an immediate duplicate
-ACK (the peer's fast retransmit repairs the hole); there is no congestion window (the peer's
-receive window and the send ring bound the flight: this engine is meant for LANs); the
-advertised window is the free space of the shared receive buffer and may shrink; a CLOSE in
+Limits, by design: out-of-order segments other than the parked run are dropped with an
+immediate duplicate ACK (the peer's fast retransmit repairs the hole); there is no congestion
+window (the peer's receive window and the send ring bound the flight: this engine is meant for
+LANs); the advertised window follows the free space of the shared receive buffer (held while
+that moves by less than an MSS, so duplicate ACKs stay duplicates) and may shrink; a CLOSE in
 SYN-RECEIVED aborts; an ESTABLISHED and a PEER_FIN event of one segment may be two events.
 """
 
@@ -92,6 +105,7 @@ def Tcb():
         "snd_ready": 32,                               # end of the queued data in the ring
         "snd_wl1": 32, "snd_wnd": 16, "snd_ws": 4,     # peer's window, as sent, and its shift
         "rcv_nxt": 32, "ws_on": 1, "mss": 16,
+        "rcv_adv": 32,      # right edge of the window last advertised (RCV.NXT + RCV.WND sent)
         "fin_pending": 1,   # a FIN follows the queued data (sequence number snd_end)
         "ack_now": 1, "ack_delayed": 1, "unacked_seg": 1, "dack_deadline": TIME_BITS,
         "fast_rtx": 1, "probe": 1, "dupacks": 2, "retries": 4,
@@ -104,15 +118,19 @@ def Tcb():
 #: Per-connection counters (32 bits, wrapping), readable through ``stat_conn``/``stat_*``.
 CONN_COUNTERS = ("rx_segments", "tx_segments", "retransmits", "dup_acks", "drops")
 #: Engine-wide counters (32 bits, wrapping).
-COUNTERS = ("rx_segments", "rx_no_conn", "rx_dropped", "rx_challenged", "tx_segments",
-            "tx_resets", "retransmits", "fast_retransmits", "dup_acks", "timeouts", "resets")
+COUNTERS = ("rx_segments", "rx_no_conn", "rx_dropped", "rx_challenged", "rx_parked",
+            "tx_segments", "tx_resets", "retransmits", "fast_retransmits", "dup_acks",
+            "timeouts", "resets")
 
 
 def Verdict(conns):
-    """What to do with one received payload (in the order of the segments): deliver ``length``
-    bytes to connection ``conn`` after dropping the first ``trim`` bytes, or drop it all."""
-    return data.StructLayout({"conn": conn_bits(conns), "deliver": 1, "trim": 16,
-                              "length": 16})
+    """What to do with one received payload: deliver ``length`` bytes to connection ``conn``
+    after dropping the first ``trim`` bytes, or drop it all; or ``park`` it (move it whole to
+    the park buffer, to wait for the bytes before it). ``parked``: the payload is the park
+    buffer's oldest, not the receive buffer's. Each buffer's payloads get their verdicts in
+    the order they were stored."""
+    return data.StructLayout({"conn": conn_bits(conns), "deliver": 1, "park": 1, "parked": 1,
+                              "trim": 16, "length": 16})
 
 
 #: Keep (1) or drop (0) the bytes of one application chunk, in chunk order.
@@ -156,11 +174,15 @@ class TcpControl(wiring.Component):
         a zero-window probe never gives up.
     listen_slots : int
         Entries of the listen table: slots waiting in LISTEN at one time.
+    park_segments : int
+        Out-of-order segments (of at most ``mss`` bytes) the park buffer holds; the engine
+        sizes the buffer so that they always fit.
 
     Ports
     -----
     i_seg : In(stream RxSegment)        received segments, from :class:`.rx.TcpRx`
-    o_verdict : Out(stream Verdict)     one per ``i_seg`` with ``length`` > 0, in order
+    o_verdict : Out(stream Verdict)     one per ``i_seg`` with ``length`` > 0, in order, and
+                                        one per parked payload when it leaves the park
     rx_free : In(32)                    free bytes in the receive buffer (advertised window)
     o_tx : Out(stream TxSegment)        segments to send, to :class:`.tx.TcpTx`
     i_chunk : In(stream ChunkHeader)    host data chunks offered for sending
@@ -178,7 +200,7 @@ class TcpControl(wiring.Component):
 
     def __init__(self, *, conns=16, ring_bytes=1 << 16, mss=1460, rcv_ws=7, clock_hz=125_000_000,
                  tick_cycles=1024, rto_initial=None, rto_min=None, rto_max=None, dack_ticks=None,
-                 time_wait_ticks=None, max_retries=8, listen_slots=16):
+                 time_wait_ticks=None, max_retries=8, listen_slots=16, park_segments=32):
         ticks_per_s = clock_hz / tick_cycles
         if ring_bytes & (ring_bytes - 1) or ring_bytes < 64:
             raise ValueError("ring_bytes must be a power of two >= 64")
@@ -202,6 +224,9 @@ class TcpControl(wiring.Component):
             raise ValueError("need rto_min <= rto_initial <= rto_max")
         self.max_retries = max_retries
         self.listen_slots = listen_slots
+        if park_segments < 1:
+            raise ValueError("park_segments must be 1 or more")
+        self.park_segments = park_segments
         cb = conn_bits(conns)
         members = {
             "i_seg": In(stream.Signature(RxSegment)),
@@ -298,6 +323,17 @@ class TcpControl(wiring.Component):
         rto_update = Signal()
         chunk_retry = Signal(init=1)  # a chunk that found its ring full waits for a change
 
+        # The park: a contiguous run of out-of-order segments of connection `park_conn`, from
+        # sequence number `park_head` (the oldest's first byte) to `park_end`; their lengths
+        # in order in `parked`. `park_poke`: RCV.NXT may have reached the oldest (a park
+        # visit is due). `park_flush`: the connection is gone; the run is thrown away.
+        ps = self.park_segments
+        m.submodules.parked = parked = fifo.SyncFIFOBuffered(width=16, depth=ps)
+        park_count = Signal(range(ps + 1))
+        park_conn = Signal(cb)
+        park_head, park_end = Signal(32), Signal(32)
+        park_poke, park_flush = Signal(), Signal()
+
         def count(name):
             counter = getattr(self, name)
             m.d.sync += counter.eq(counter + 1)
@@ -311,6 +347,8 @@ class TcpControl(wiring.Component):
         def free(kind_):
             event(0, kind_)
             m.d.sync += [t.state.eq(State.CLOSED), release.eq(1)]
+            with m.If(~is_zero(park_count) & (conn == park_conn)):
+                m.d.sync += [park_flush.eq(1), park_poke.eq(1)]
 
         # Derived values of the loaded TCB `t`.
         wnd_scaled = select(m, t.snd_ws, [Cat(Const(0, k), t.snd_wnd, Const(0, 16 - k))
@@ -320,10 +358,14 @@ class TcpControl(wiring.Component):
         m.d.comb += rcv_space.eq(Mux(self.rx_free > max_space, max_space, self.rx_free))
         win_unscaled = Signal(16)
         m.d.comb += win_unscaled.eq(Mux(rcv_space > 0xFFFF, 0xFFFF, rcv_space))
-        win_field = Signal(16)
-        m.d.comb += win_field.eq(Mux(t.ws_on, (rcv_space >> self.rcv_ws)[:16], win_unscaled))
+        free_field = Signal(16)     # the window field that would offer all the free space
+        m.d.comb += free_field.eq(Mux(t.ws_on, (rcv_space >> self.rcv_ws)[:16], win_unscaled))
+        free_wnd = Signal(32)
+        m.d.comb += free_wnd.eq(Mux(t.ws_on, free_field << self.rcv_ws, free_field))
+        # RCV.WND: what is left of the window last advertised (0 once RCV.NXT has reached or,
+        # by a FIN at its edge, passed the edge). It decides which segments are acceptable.
         rcv_wnd = Signal(32)
-        m.d.comb += rcv_wnd.eq(Mux(t.ws_on, win_field << self.rcv_ws, win_field))
+        m.d.comb += rcv_wnd.eq(Mux(_before(t.rcv_adv, t.rcv_nxt), 0, t.rcv_adv - t.rcv_nxt))
 
         synced = _in(t.state, State.SYN_RCVD, State.ESTABLISHED, State.FIN_WAIT_1,
                      State.FIN_WAIT_2, State.CLOSE_WAIT, State.CLOSING, State.LAST_ACK,
@@ -345,14 +387,16 @@ class TcpControl(wiring.Component):
         persist = sending & ~in_flight & is_zero(t.snd_wnd) & data_waiting
         needs_timer = opening | (synced & in_flight) | persist | _in(t.state, State.TIME_WAIT)
 
-        # The next source, round-robin from `turn`: RX, TX, chunk, command, timer.
-        SOURCES = 6
-        K_RX, K_TX, K_CHUNK, K_CMD, K_TIMER, K_WRITTEN = range(SOURCES)
+        # The next source, round-robin from `turn`: RX, TX, chunk, command, timer, ring write
+        # report, park.
+        SOURCES = 7
+        K_RX, K_TX, K_CHUNK, K_CMD, K_TIMER, K_WRITTEN, K_PARK = range(SOURCES)
         kind = Signal(range(SOURCES))
         turn = Signal(range(SOURCES))
         want = Cat(self.i_seg.valid, ready.r_rdy,
                    self.i_chunk.valid & chunk_retry & rings.w_rdy & routes.w_rdy,
-                   self.i_cmd.valid, sweep != 0, self.i_written.valid)
+                   self.i_cmd.valid, sweep != 0, self.i_written.valid,
+                   park_poke & parked.r_rdy)
         pick = Signal(range(SOURCES))
         with m.Switch(turn):
             for r in range(SOURCES):
@@ -366,7 +410,8 @@ class TcpControl(wiring.Component):
         room = verdicts.w_rdy & txq.w_rdy & lt(events.w_level, events.depth - 1)
 
         fsm = Machine(m, ["IDLE", "RX_LOOKUP", "RX_WAIT", "NO_CONN", "LOAD", "LOADED", "RX_A",
-                          "RX_B", "ISN", "TX_A", "TX_B", "CHUNK", "WRITTEN", "CMD", "TIMER", "FIX",
+                          "RX_B", "ISN", "TX_A", "TX_B", "CHUNK", "WRITTEN", "PARK", "CMD",
+                          "TIMER", "FIX",
                           "COMMIT", "EVENTS", "TABLE"], "tcp_state")
 
         with fsm.state("IDLE"):
@@ -400,6 +445,9 @@ class TcpControl(wiring.Component):
                     m.d.comb += self.i_written.ready.eq(1)
                     m.d.sync += [written.eq(self.i_written.payload),
                                  conn.eq(self.i_written.payload.conn)]
+                    fsm.goto("LOAD")
+                with m.If(eq(pick, K_PARK)):
+                    m.d.sync += conn.eq(park_conn)
                     fsm.goto("LOAD")
 
         # ---- RX: find the connection by address, or a listening slot for a SYN.
@@ -459,8 +507,9 @@ class TcpControl(wiring.Component):
             count("tx_resets")
 
         def drop_payload():
-            m.d.sync += [verdict.conn.eq(conn), verdict.deliver.eq(0), verdict.trim.eq(0),
-                         verdict.length.eq(s.length), verdict_valid.eq(s.length != 0)]
+            m.d.sync += [verdict.conn.eq(conn), verdict.deliver.eq(0), verdict.park.eq(0),
+                         verdict.parked.eq(0), verdict.trim.eq(0), verdict.length.eq(s.length),
+                         verdict_valid.eq(s.length != 0)]
 
         with fsm.state("NO_CONN"):
             count("rx_no_conn")
@@ -476,7 +525,8 @@ class TcpControl(wiring.Component):
             m.d.comb += [tcb_rd.addr.eq(conn), stats_rd.addr.eq(conn)]
             m.d.sync += [t.eq(tcb_rd.data), st.eq(stats_rd.data)]
             for k, name in ((K_RX, "RX_A"), (K_TX, "TX_A"), (K_CHUNK, "CHUNK"),
-                            (K_CMD, "CMD"), (K_TIMER, "TIMER"), (K_WRITTEN, "WRITTEN")):
+                            (K_CMD, "CMD"), (K_TIMER, "TIMER"), (K_WRITTEN, "WRITTEN"),
+                            (K_PARK, "PARK")):
                 with m.If(eq(kind, k)):
                     fsm.goto(name)
 
@@ -489,6 +539,7 @@ class TcpControl(wiring.Component):
         ack_new, ack_future, ack_too_old, ack_dup = Signal(), Signal(), Signal(), Signal()
         data_inorder, fin_inorder, fin_acked = Signal(), Signal(), Signal()
         wnd_update, rtt_sample = Signal(), Signal()
+        parkable = Signal()     # an out-of-order segment that joins (or starts) the park
         rtt = Signal(TIME_BITS)
         trim = Signal(16)
         with fsm.state("RX_A"):
@@ -517,6 +568,10 @@ class TcpControl(wiring.Component):
                 rtt_sample.eq(t.rtt_active & ~_before(s.ack, t.rtt_seq)),
                 rtt.eq((now - t.rtt_start)[:TIME_BITS]),
                 trim.eq((t.rcv_nxt - s.seq)[:16]),
+                parkable.eq(_before(t.rcv_nxt, s.seq) & ~fin & lt(s.length, self.mss + 1)
+                            & receiving & ~park_flush & lt(park_count, ps)
+                            & (is_zero(park_count)
+                               | ((conn == park_conn) & (s.seq == park_end)))),
             ]
             count_conn("rx_segments")
             fsm.goto("RX_B")
@@ -532,6 +587,7 @@ class TcpControl(wiring.Component):
 
         def take_syn_options():
             m.d.sync += [t.rcv_nxt.eq(s.seq + 1), t.snd_wl1.eq(s.seq), t.snd_wnd.eq(s.window),
+                         t.rcv_adv.eq(s.seq + 1 + win_unscaled),
                          t.ws_on.eq(s.has_ws), t.snd_ws.eq(Mux(s.has_ws, s.ws, 0)),
                          t.mss.eq(Mux(s.has_mss, Mux(gt(s.mss, self.mss), self.mss, s.mss), 536))]
 
@@ -590,6 +646,13 @@ class TcpControl(wiring.Component):
                         with m.If(~t.ack_delayed):
                             m.d.sync += [t.ack_delayed.eq(1),
                                          t.dack_deadline.eq(add(now, self.dack_ticks))]
+                with m.Elif(parkable):
+                    m.d.sync += [t.ack_now.eq(1), verdict.park.eq(1), park_end.eq(seg_end),
+                                 park_count.eq(park_count + 1)]
+                    m.d.comb += [parked.w_en.eq(1), parked.w_data.eq(s.length)]
+                    with m.If(is_zero(park_count)):
+                        m.d.sync += [park_conn.eq(conn), park_head.eq(s.seq)]
+                    count("rx_parked")
                 with m.Else():
                     m.d.sync += t.ack_now.eq(1)
                     dropped()
@@ -611,6 +674,8 @@ class TcpControl(wiring.Component):
         with fsm.state("RX_B"):
             drop_payload()
             fsm.goto("FIX")
+            with m.If(~is_zero(park_count) & (conn == park_conn)):
+                m.d.sync += park_poke.eq(1)     # RCV.NXT may have reached the park
             with m.If(_in(t.state, State.CLOSED)):
                 fsm.goto("NO_CONN")        # the listening slot was closed meanwhile
             with m.Elif(_in(t.state, State.LISTEN)):
@@ -689,11 +754,26 @@ class TcpControl(wiring.Component):
         avail = Signal(32)          # queued bytes not sent yet
         usable = Signal(32)         # window not used yet
         una_span = Signal(32)       # data bytes from snd_una to the end of what was sent
+        # The window to advertise (RFC 9293 3.8.6.2.2, receiver-side SWS avoidance): the right
+        # edge moves only when the free space would move it by more than one MSS, either way.
+        # Held otherwise, so the window of a duplicate ACK equals the one before it, as the
+        # peer's fast retransmit requires (RFC 5681 section 2), while the shared buffer's
+        # free space wobbles with the other connections' traffic. Shrinking is kept for a
+        # buffer that other connections filled (more than an MSS below the promise).
+        adv_field = Signal(16)
         with fsm.state("TX_A"):
             sent_end = Mux(_before(t.snd_max, t.snd_end), t.snd_max, t.snd_end)
             m.d.sync += [avail.eq(Mux(data_waiting, t.snd_ready - t.snd_nxt, 0)),
                          usable.eq(Mux(window_open, (wnd_right - t.snd_nxt)[:32], 0)),
                          una_span.eq(sent_end - t.snd_una)]
+            free_right = wrap_add(m, t.rcv_nxt, free_wnd, 32, "free_right")
+            step = Const(self.mss, 32)
+            moved = (_before(wrap_add(m, t.rcv_adv, step, 32, "adv_grow"), free_right)
+                     | _before(wrap_add(m, free_right, step, 32, "adv_shrink"), t.rcv_adv))
+            held_field = Signal(16)
+            m.d.comb += held_field.eq(Mux(t.ws_on, (rcv_wnd >> self.rcv_ws)[:16],
+                                          Mux(rcv_wnd > 0xFFFF, 0xFFFF, rcv_wnd)))
+            m.d.sync += adv_field.eq(Mux(moved, free_field, held_field))
             fsm.goto("TX_B")
 
         def clip(value, limit):
@@ -705,9 +785,12 @@ class TcpControl(wiring.Component):
             span = Signal(17, name="tx_span")
             m.d.comb += span.eq(length + ((flags & (SYN | FIN)) != 0))
             m.d.comb += after.eq(wrap_add(m, first, span, 32, "tx_after_sum"))
+            adv_wnd = Signal(32, name="tx_adv_wnd")
+            m.d.comb += adv_wnd.eq(Mux(t.ws_on, adv_field << self.rcv_ws, adv_field))
             m.d.sync += [seg.seq.eq(first), seg.flags.eq(flags), seg.length.eq(length),
                          seg_valid.eq(1), t.ack_now.eq(0), t.ack_delayed.eq(0),
-                         t.unacked_seg.eq(0)]
+                         t.unacked_seg.eq(0),
+                         t.rcv_adv.eq(wrap_add(m, t.rcv_nxt, adv_wnd, 32, "tx_adv_right"))]
             count("tx_segments")
             count_conn("tx_segments")
 
@@ -737,13 +820,14 @@ class TcpControl(wiring.Component):
             fsm.goto("FIX")
             m.d.sync += [seg.conn.eq(conn), seg.dst_ip.eq(t.remote_ip),
                          seg.src_port.eq(t.local_port), seg.dst_port.eq(t.remote_port),
-                         seg.ack.eq(t.rcv_nxt), seg.window.eq(win_field), seg.syn_opts.eq(0),
+                         seg.ack.eq(t.rcv_nxt), seg.window.eq(adv_field), seg.syn_opts.eq(0),
                          seg.mss.eq(self.mss), seg.ws.eq(self.rcv_ws), seg.syn_ws.eq(0)]
             with m.If(opening & (t.snd_nxt == t.snd_una)):
                 flags = Mux(_in(t.state, State.SYN_RCVD), SYN | ACK, SYN)
                 advance(send(t.snd_una, 0, flags, t.snd_max != t.snd_una))
                 # RFC 7323 2.2: a SYN-ACK offers window scaling only if the SYN did.
                 m.d.sync += [seg.syn_opts.eq(1), seg.window.eq(win_unscaled),
+                             t.rcv_adv.eq(wrap_add(m, t.rcv_nxt, win_unscaled, 32, "syn_adv")),
                              seg.syn_ws.eq(~_in(t.state, State.SYN_RCVD) | t.ws_on)]
             with m.Elif(sending & t.fast_rtx):
                 send(t.snd_una, clip(una_span, t.mss)[:16], ACK, True)
@@ -784,6 +868,35 @@ class TcpControl(wiring.Component):
                 m.d.comb += chunk32.eq(chunk.length)
                 m.d.sync += [route_keep.eq(1), route_valid.eq(1), ring_valid.eq(1),
                              t.snd_end.eq(t.snd_end + chunk32)]
+
+        # ---- Park visit: the oldest parked segment leaves the park once RCV.NXT has reached it
+        # (its bytes past RCV.NXT delivered, the rest dropped), or at once if the connection
+        # is gone; otherwise the park waits for the next segment of its connection.
+        with fsm.state("PARK"):
+            fsm.goto("FIX")
+            head_len = Signal(32)
+            m.d.comb += head_len.eq(parked.r_data)
+            head_end = wrap_add(m, park_head, head_len, 32, "park_head_end")
+            gone = park_flush | ~receiving
+            reached = ~_before(t.rcv_nxt, park_head)
+            m.d.sync += [verdict.conn.eq(conn), verdict.deliver.eq(0), verdict.park.eq(0),
+                         verdict.parked.eq(1), verdict.trim.eq(0),
+                         verdict.length.eq(parked.r_data)]
+            with m.If(gone | reached):
+                m.d.comb += parked.r_en.eq(1)
+                m.d.sync += [verdict_valid.eq(1), park_head.eq(head_end),
+                             park_count.eq(park_count - 1)]
+                with m.If(eq(park_count, 1)):
+                    m.d.sync += [park_flush.eq(0), park_poke.eq(0)]
+                with m.If(gone):
+                    dropped()
+                with m.Elif(_before(t.rcv_nxt, head_end)):
+                    m.d.sync += [verdict.deliver.eq(1),
+                                 verdict.trim.eq((t.rcv_nxt - park_head)[:16]),
+                                 verdict.length.eq((head_end - t.rcv_nxt)[:16]),
+                                 t.rcv_nxt.eq(head_end), t.ack_now.eq(1)]
+            with m.Else():
+                m.d.sync += park_poke.eq(0)
 
         # ---- A chunk is in the ring: its bytes may be sent. A report for a slot freed and
         # reused meanwhile lies outside the new connection's queue and changes nothing.

@@ -7,6 +7,7 @@ their limits.
 ::
 
   i_ip ─ TcpRx ─┬─ payload ─ PacketFifo ─ RxDeliver ─ o_rx_header / o_rx
+                │            park PacketFifo ─┤ (out-of-order segments, parked and back)
                 └─ segment ─ TcpControl ─ verdict ─┘
                                  │  ├─ segment ─ TcpTx ─ o_ip
   i_cmd / o_event ───────────────┘  │            └ read ─ TxRing
@@ -68,6 +69,9 @@ class TcpEngine(wiring.Component):
         The receive buffer shared by all connections (its free space is the advertised window).
     mss : int
         The MSS advertised and the largest segment sent.
+    park_segments : int
+        Out-of-order segments kept for later (one run, one connection at a time; see
+        :mod:`.control`); the park buffer holds that many segments of ``mss`` bytes.
     Other keyword arguments go to :class:`.control.TcpControl` (timers, ``clock_hz``).
 
     Ports
@@ -91,14 +95,16 @@ class TcpEngine(wiring.Component):
     """
 
     def __init__(self, data_bytes, *, conns=16, ring_bytes=1 << 16, rx_buffer_bytes=1 << 16,
-                 mss=1460, **control):
+                 mss=1460, park_segments=32, **control):
         check_data_bytes(data_bytes)
         self.data_bytes = data_bytes
         self.conns = conns
         self.ring_bytes = ring_bytes
         self.rx_buffer_beats = -(-rx_buffer_bytes // data_bytes)
         self.mss = mss
+        self.park_beats = park_segments * -(-mss // data_bytes)
         self._control = dict(conns=conns, ring_bytes=ring_bytes, mss=mss,
+                             park_segments=park_segments,
                              rcv_ws=_window_shift(rx_buffer_bytes), **control)
         n = data_bytes
         members = {
@@ -124,6 +130,8 @@ class TcpEngine(wiring.Component):
         n = self.data_bytes
         m.submodules.rx = rx = TcpRx(n)
         m.submodules.rx_buffer = rx_buffer = PacketFifo(n, self.rx_buffer_beats)
+        m.submodules.park_buffer = park_buffer = PacketFifo(n, self.park_beats,
+                                                            overflow="stall")
         m.submodules.deliver = deliver = RxDeliver(n, self.conns)
         m.submodules.control = control = TcpControl(**self._control)
         m.submodules.ring = ring = TxRing(n, self.conns, self.ring_bytes)
@@ -152,6 +160,9 @@ class TcpEngine(wiring.Component):
             m.d.sync += self.rx_no_buffer.eq(self.rx_no_buffer + 1)
         wiring.connect(m, control.o_verdict, deliver.i_verdict)
         wiring.connect(m, rx_buffer.o, deliver.i)
+        # The control parks no more than the park buffer holds, so it never stalls.
+        wiring.connect(m, deliver.o_park, park_buffer.i)
+        wiring.connect(m, park_buffer.o, deliver.i_parked)
         wiring.connect(m, deliver.o_header, wiring.flipped(self.o_rx_header))
         wiring.connect(m, deliver.o, wiring.flipped(self.o_rx))
 
