@@ -593,9 +593,12 @@ class TcpControl(wiring.Component):
             count("rx_dropped")
             count_conn("drops")
 
+        syn_next = Signal(32)       # the sequence number after a SYN
+        m.d.comb += syn_next.eq(s.seq + 1)
+
         def take_syn_options():
-            m.d.sync += [t.rcv_nxt.eq(s.seq + 1), t.snd_wl1.eq(s.seq), t.snd_wnd.eq(s.window),
-                         t.rcv_adv.eq(s.seq + 1 + win_unscaled),
+            m.d.sync += [t.rcv_nxt.eq(syn_next), t.snd_wl1.eq(s.seq), t.snd_wnd.eq(s.window),
+                         t.rcv_adv.eq(wrap_add(m, syn_next, win_unscaled, 32, "syn_right")),
                          t.ws_on.eq(s.has_ws), t.snd_ws.eq(Mux(s.has_ws, s.ws, 0)),
                          t.mss.eq(Mux(s.has_mss, Mux(gt(s.mss, self.mss), self.mss, s.mss), 536))]
 
