@@ -14,7 +14,7 @@ timeout; entries here are only overwritten, round-robin, when the cache is full 
 the merge rule), and no packet is queued while resolving: the resolver's client waits.
 """
 
-from amaranth import Module, Signal
+from amaranth import Cat, Module, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -56,9 +56,10 @@ class ArpEngine(wiring.Component):
     resolve : In(stream.Signature(32))
         A request to resolve an IPv4 address. The transfer completes (``ready`` high) when the
         answer is known; during that cycle ``resolve_ok`` and ``resolve_mac`` hold it. A cache
-        hit completes in the cycle it is offered. On a miss a request is broadcast, and again
-        every ``timeout`` cycles, ``retries`` times in all; then the transfer completes with
-        ``resolve_ok`` = 0 and ``resolve_fail`` counts it. The payload must be held stable.
+        hit completes in the cycle after it is offered (the cache search is registered). On a
+        miss a request is broadcast, and again every ``timeout`` cycles, ``retries`` times in
+        all; then the transfer completes with ``resolve_ok`` = 0 and ``resolve_fail`` counts
+        it. The payload must be held stable.
     mac, ip : In(48), In(32)
         Our addresses (configuration, expected static while traffic flows).
     <counter> : Out(32) for each name of :data:`COUNTERS`, wrapping.
@@ -122,12 +123,23 @@ class ArpEngine(wiring.Component):
         reply_pending = Signal()
         reply_mac = Signal(48)
         reply_ip = Signal(32)
-        is_request, is_reply = eq(f.op, OP_REQUEST), eq(f.op, OP_REPLY)
-        well_formed = (eq(f.hw_type, 1) & eq(f.proto_type, 0x0800) & eq(f.hw_len, 6)
-                       & eq(f.proto_len, 4) & (is_request | is_reply))
-        for_us = f.target_ip == self.ip
+        # The checks of the header, registered: the header is held from IDLE until DECIDE takes
+        # it, and the cache is written only as DECIDE takes it, so in DECIDE these are those of
+        # the header against the current cache.
+        is_request, is_reply, well_formed, for_us, has_sender = (
+            Signal(name=name) for name in ("is_request", "is_reply", "well_formed", "for_us",
+                                           "has_sender"))
+        learn_match = Signal(self.entries)      # the entries holding the sender's address
+        m.d.sync += [
+            is_request.eq(eq(f.op, OP_REQUEST)), is_reply.eq(eq(f.op, OP_REPLY)),
+            well_formed.eq(eq(f.hw_type, 1) & eq(f.proto_type, 0x0800) & eq(f.hw_len, 6)
+                           & eq(f.proto_len, 4) & (eq(f.op, OP_REQUEST) | eq(f.op, OP_REPLY))),
+            for_us.eq(f.target_ip == self.ip),
+            has_sender.eq(f.sender_ip.any()),
+            learn_match.eq(Cat(valid[k] & (ips[k] == f.sender_ip) for k in range(self.entries))),
+        ]
         wants_reply = is_request & for_us
-        learn_hit, _ = lookup(f.sender_ip, "learn")
+        learn_hit = learn_match.any()
         free = Signal(range(self.entries))
         has_free = Signal()
         for k in reversed(range(self.entries)):
@@ -147,6 +159,7 @@ class ArpEngine(wiring.Component):
             with m.If(parser.o_payload.valid & parser.o_payload.payload.last):
                 m.d.sync += bad_end.eq(parser.o_payload.payload.err)
                 rx.goto("DECIDE")
+        learning = Signal()                     # the cache may be written this cycle
         with rx.state("DECIDE"):
             drop = bad_end | ~well_formed
             m.d.comb += hdr.ready.eq(drop | ~wants_reply | ~reply_pending)
@@ -155,10 +168,11 @@ class ArpEngine(wiring.Component):
                 count("rx_bad", drop)
                 count("rx_request", ~drop & is_request)
                 count("rx_reply", ~drop & is_reply)
-                with m.If(~drop & f.sender_ip.any()):
+                with m.If(~drop & has_sender):
+                    m.d.comb += learning.eq(1)
                     # RFC 826 merge: update any entry for the sender, add one if for us.
                     for k in range(self.entries):
-                        with m.If(valid[k] & (ips[k] == f.sender_ip)):
+                        with m.If(learn_match[k]):
                             m.d.sync += macs[k].eq(f.sender_mac)
                     with m.If(~learn_hit & for_us):
                         slot = Signal(range(self.entries))
@@ -180,11 +194,17 @@ class ArpEngine(wiring.Component):
         req_ip = Signal(32)
         tries = Signal(range(self.retries + 1))
         timer = Signal(range(self.timeout + 1))
-        res_hit, res_mac = lookup(self.resolve.payload, "resolve")
-        m.d.comb += self.resolve_mac.eq(res_mac)
+        # The search for the offered address is registered; it stands (`searched`) if the same
+        # request was offered in the previous cycle (its payload is held) and the cache was not
+        # written then.
+        found, found_mac = lookup(self.resolve.payload, "resolve")
+        res_hit = Signal()
+        searched = Signal()
+        m.d.sync += [res_hit.eq(found), self.resolve_mac.eq(found_mac),
+                     searched.eq(self.resolve.valid & ~self.resolve.ready & ~learning)]
         resolver = Machine(m, ["IDLE", "WAIT"], "resolver_state")
         with resolver.state("IDLE"):
-            with m.If(self.resolve.valid):
+            with m.If(self.resolve.valid & searched):
                 with m.If(res_hit):
                     m.d.comb += [self.resolve.ready.eq(1), self.resolve_ok.eq(1)]
                 with m.Elif(~req_pending):
@@ -192,10 +212,10 @@ class ArpEngine(wiring.Component):
                                  tries.eq(1), timer.eq(self.timeout)]
                     resolver.goto("WAIT")
         with resolver.state("WAIT"):
-            with m.If(res_hit):
+            with m.If(searched & res_hit):
                 m.d.comb += [self.resolve.ready.eq(1), self.resolve_ok.eq(1)]
                 resolver.goto("IDLE")
-            with m.Elif(~req_pending):
+            with m.Elif(searched & ~req_pending):
                 with m.If(timer.any()):
                     m.d.sync += timer.eq(timer - 1)
                 with m.Elif(eq(tries, self.retries)):

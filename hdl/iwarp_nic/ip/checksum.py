@@ -12,7 +12,7 @@ in (end-around carry). A correct packet sums to 0xFFFF ("negative zero").
 
 from amaranth import Cat, Const, Mux, Signal, Value
 
-__all__ = ["words", "ones_add", "ones_sum", "checksum", "lane_words"]
+__all__ = ["words", "ones_add", "ones_reduce", "ones_sum", "checksum", "lane_words"]
 
 
 def words(wire, length):
@@ -36,16 +36,23 @@ def ones_add(m, a, b, name):
     return out
 
 
-def ones_sum(m, values, name):
-    """The ones' complement sum of 16-bit ``values``, by a balanced tree of :func:`ones_add`."""
+def ones_reduce(m, values, name, levels=None):
+    """The partial sums left after ``levels`` levels (all of them if None) of :func:`ones_sum`'s
+    tree over 16-bit ``values``: a list, ``ceil(len(values) / 2**levels)`` long. Registering
+    them splits a long sum over pipeline stages; :func:`ones_sum` finishes the tree."""
     values = list(values)
     level = 0
-    while len(values) > 1:
+    while len(values) > 1 and (levels is None or level < levels):
         pairs = [ones_add(m, values[i], values[i + 1], f"{name}_l{level}_{i // 2}")
                  for i in range(0, len(values) - 1, 2)]
         values = pairs + values[len(values) - len(values) % 2:]
         level += 1
-    return values[0]
+    return values
+
+
+def ones_sum(m, values, name):
+    """The ones' complement sum of 16-bit ``values``, by a balanced tree of :func:`ones_add`."""
+    return ones_reduce(m, values, name)[0]
 
 
 def checksum(m, wire, length, name):

@@ -12,15 +12,15 @@ Deliberate limits (each dropped and counted): IP options (IHL > 5) and fragments
 nonzero offset) are not supported on receive; datagrams are sent with DF set, TTL 64, no options.
 """
 
-from amaranth import Cat, Module, Signal
+from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..exact import Machine, add, eq, gt, is_zero, lt, ne, sub
+from ..exact import Machine, add, eq, gt, lt, mask, ne, sub
 from ..hdrparse import HeaderEmitter, HeaderParser, HeaderStream
 from ..headers import ETHERNET, IPV4
-from ..stream import BeatLayout, BeatStream, check_data_bytes
-from .checksum import checksum, ones_sum, words
+from ..stream import BeatLayout, BeatStream, SkidBuffer, check_data_bytes
+from .checksum import lane_words, ones_reduce, ones_sum, words
 
 __all__ = ["Ipv4Rx", "Ipv4Tx", "TxRequest", "ETHERTYPE_IPV4", "RX_COUNTERS", "TX_COUNTERS"]
 
@@ -72,12 +72,20 @@ class Ipv4Rx(wiring.Component):
     whose frame carried ``err`` (``rx_frame_err``) or whose frame is shorter than Total Length
     (``rx_truncated``).
 
-    Latency: the header is offered the cycle after the input beat completing it (the parser's
-    register; the checks are combinational on it); payload beats follow one cycle after
-    arriving, except that when Ethernet padding follows the datagram's last byte, its last beat
+    Latency: the header is offered four cycles after the input beat completing it (a skid
+    buffer at the input, the parser's register, the registered checks, a skid buffer at the
+    output); payload beats follow four cycles after arriving (a second skid buffer after the
+    parser), except that when Ethernet padding follows the datagram's last byte, its last beat
     is held until the frame's last beat shows ``err``. A header-only datagram is offered only
     once its frame has ended. Throughput: one beat per cycle within a datagram, plus one cycle
-    per datagram for its header.
+    per datagram for its header, and one more when the header was not already parsed as the
+    previous datagram ended.
+
+    Timing: every port is registered (:class:`~iwarp_nic.stream.SkidBuffer` on ``i``,
+    ``o_header`` and ``o_payload``), so no combinational path crosses the block. The header
+    checksum is summed as the header streams in (one ones' complement add per two header bytes
+    of a beat) and its verdict registered with the parser's header; the other checks are
+    registered from the parsed header, so the decision on a header reads registers only.
     """
 
     def __init__(self, data_bytes):
@@ -96,24 +104,66 @@ class Ipv4Rx(wiring.Component):
         m = Module()
         n = self.data_bytes
         count = _counters(m, self)
+        m.submodules.i_skid = i_skid = SkidBuffer(BeatLayout(n, err=True))
         m.submodules.parser = parser = HeaderParser(IPV4, n, err=True)
-        wiring.connect(m, wiring.flipped(self.i), parser.i)
+        # Two beats of slack for the cycle the header checks take: the payload behind a header
+        # waits here, not at the input.
+        m.submodules.parsed_skid = parsed_skid = SkidBuffer(BeatLayout(n, err=True))
+        m.submodules.header_skid = header_skid = SkidBuffer(self.o_header.payload.shape())
+        m.submodules.payload_skid = payload_skid = SkidBuffer(BeatLayout(n, err=True))
+        wiring.connect(m, wiring.flipped(self.i), i_skid.i)
+        wiring.connect(m, i_skid.o, parser.i)
+        wiring.connect(m, parser.o_payload, parsed_skid.i)
+        wiring.connect(m, header_skid.o, wiring.flipped(self.o_header))
+        wiring.connect(m, payload_skid.o, wiring.flipped(self.o_payload))
         count("rx_truncated", parser.drop)
 
-        h, p, o, oh = parser.o_header, parser.o_payload, self.o_payload, self.o_header
+        # The header checksum, summed as the header's bytes go into the parser: `idx` counts the
+        # beats of the packet up to the one completing the header, whose sum is judged and
+        # registered as the parser registers the header (both hold until the header is taken).
+        hdr_beat = (IPV4.length - 1) // n
+        head = IPV4.length - hdr_beat * n
+        idx = Signal(range(hdr_beat + 2))
+        acc = Signal(16)
+        bad_sum = Signal()
+        at_hdr = eq(idx, hdr_beat)
+        lanes = Mux(at_hdr, Const(mask(head), n), Const(mask(n), n))
+        ib = parser.i.payload
+        odd = idx[0] if n == 1 else None
+        beat_sum = ones_sum(m, [acc, *lane_words(ib.data, lanes, odd)], "rx_sum")
+        with m.If(parser.i.valid & parser.i.ready):
+            with m.If(ib.last):
+                m.d.sync += [idx.eq(0), acc.eq(0)]
+            with m.Elif(lt(idx, hdr_beat + 1)):
+                m.d.sync += [idx.eq(idx + 1), acc.eq(beat_sum)]
+            with m.If(at_hdr):
+                m.d.sync += bad_sum.eq(ne(beat_sum, 0xFFFF))
+
+        h, p, o, oh = parser.o_header, parsed_skid.o, payload_skid.i, header_skid.i
         f = h.payload.fields
         m.d.comb += [oh.payload.fields.eq(f), oh.payload.has_payload.eq(ne(f.total_length, 20))]
         length = Signal(16)
         m.d.comb += length.eq(sub(f.total_length, 20))
 
-        bad_header = ne(f.version, 4) | lt(f.ihl, 5) | lt(f.total_length, 20)
-        options = gt(f.ihl, 5)
-        bad_sum = ne(ones_sum(m, words(IPV4.pack(f), IPV4.length), "rx_sum"), 0xFFFF)
-        fragment = f.flags[MF_BIT] | f.fragment_offset.any()
-        not_ours = f.dst != self.ip
-        reasons = [("rx_bad_header", bad_header), ("rx_options", options),
-                   ("rx_bad_checksum", bad_sum), ("rx_fragment", fragment),
-                   ("rx_not_ours", not_ours)]
+        # The checks of the parsed header, registered: they stand (`checked`) once the header
+        # has been held for a cycle (the parser keeps it until it is taken).
+        checked = Signal()
+        m.d.sync += checked.eq(h.valid & ~h.ready)
+
+        def registered(name, cond):
+            reg = Signal(name=name)
+            m.d.sync += reg.eq(cond)
+            return reg
+
+        reasons = [
+            ("rx_bad_header", registered("bad_header", ne(f.version, 4) | lt(f.ihl, 5)
+                                         | lt(f.total_length, 20))),
+            ("rx_options", registered("options", gt(f.ihl, 5))),
+            ("rx_bad_checksum", bad_sum),
+            ("rx_fragment", registered("fragment", f.flags[MF_BIT] | f.fragment_offset.any())),
+            ("rx_not_ours", registered("not_ours", f.dst != self.ip)),
+        ]
+        empty = registered("empty", eq(f.total_length, 20))
 
         remaining = Signal(16)
         hold = Signal(BeatLayout(n, err=True))
@@ -128,7 +178,7 @@ class Ipv4Rx(wiring.Component):
 
         fsm = Machine(m, ["IDLE", "PASS", "TAIL", "FLUSH", "DROP", "PAD0", "HDR0"], "fsm_state")
         with fsm.state("IDLE"):
-            with m.If(h.valid):
+            with m.If(h.valid & checked):
                 first = None
                 for name, cond in reasons:
                     earlier = first
@@ -138,7 +188,7 @@ class Ipv4Rx(wiring.Component):
                     m.d.comb += h.ready.eq(1)
                     with m.If(h.payload.has_payload):
                         fsm.goto("DROP")
-                with m.Elif(is_zero(length)):
+                with m.Elif(empty):
                     with m.If(h.payload.has_payload):
                         fsm.goto("PAD0")
                     with m.Else():
@@ -222,11 +272,12 @@ class Ipv4Tx(wiring.Component):
 
     Header fields: version 4, IHL 5, DSCP/ECN 0, identification a per-datagram counter, DF
     set, offset 0, TTL 64. Latency: from a request offered to an idle block with a cache hit to
-    its Ethernet header offered, three cycles. Throughput: one beat per cycle within a
-    datagram; the four cycles per datagram of request, resolution and headers overlap the
-    emitter's output of the previous datagram, so about one cycle per datagram shows at the
-    output. The payload stalls while the resolver waits. Datagrams are sent in request order
-    (a miss blocks the ones behind it).
+    its Ethernet and IPv4 headers offered, four cycles (the resolver's cache search is
+    registered, and the header checksum is summed over two register stages meanwhile).
+    Throughput: one beat per cycle within a datagram; the five cycles per datagram of request,
+    resolution and headers overlap the emitter's output of the previous datagram, so about one
+    cycle per datagram shows at the output. The payload stalls while the resolver waits.
+    Datagrams are sent in request order (a miss blocks the ones behind it).
     """
 
     def __init__(self, data_bytes):
@@ -253,6 +304,7 @@ class Ipv4Tx(wiring.Component):
         wiring.connect(m, emitter.o, wiring.flipped(self.o_payload))
 
         req = Signal(TxRequest)
+        total_length = Signal(16)               # req.length + 20, loaded with it
         dst_mac = Signal(48)
         ident = Signal(16)
         eth_done = Signal()
@@ -261,13 +313,24 @@ class Ipv4Tx(wiring.Component):
 
         fields = Signal(IPV4.layout)
         m.d.comb += [
-            fields.version.eq(4), fields.ihl.eq(5), fields.total_length.eq(add(req.length, 20)),
+            fields.version.eq(4), fields.ihl.eq(5), fields.total_length.eq(total_length),
             fields.identification.eq(ident), fields.flags.eq(DF), fields.ttl.eq(TTL),
             fields.protocol.eq(req.protocol), fields.src.eq(self.ip), fields.dst.eq(req.dst),
         ]
+        # The header checksum, over two stages of registers that follow `req`, `ident` and `ip`
+        # every cycle (two levels of the adder tree each): right two cycles after `req` is
+        # loaded (`ident` changes only as a datagram leaves SEND, before the next is loaded).
+        partial = ones_reduce(m, words(IPV4.pack(fields), IPV4.length), "tx_sum", levels=2)
+        stage = [Signal(16, name=f"tx_sum_p{k}") for k in range(len(partial))]
+        csum = Signal(16)
+        summed = Signal(range(3))               # cycles since `req` was loaded, up to 2
+        m.d.sync += [*(r.eq(v) for r, v in zip(stage, partial)),
+                     csum.eq(~ones_sum(m, stage, "tx_sum_s2"))]
+        with m.If(~eq(summed, 2)):
+            m.d.sync += summed.eq(add(summed, 1))
         m.d.comb += [
             ih.payload.fields.eq(fields),
-            ih.payload.fields.checksum.eq(checksum(m, IPV4.pack(fields), IPV4.length, "tx_sum")),
+            ih.payload.fields.checksum.eq(csum),
             ih.payload.has_payload.eq(1),
             oh.payload.fields.dst.eq(dst_mac),
             oh.payload.fields.src.eq(self.mac),
@@ -282,7 +345,8 @@ class Ipv4Tx(wiring.Component):
             m.d.comb += self.i_header.ready.eq(1)
             m.d.sync += [eth_done.eq(0), ip_done.eq(0)]
             with m.If(self.i_header.valid):
-                m.d.sync += req.eq(self.i_header.payload)
+                m.d.sync += [req.eq(self.i_header.payload), summed.eq(0),
+                             total_length.eq(add(self.i_header.payload.length, 20))]
                 fsm.goto("RESOLVE")
         with fsm.state("RESOLVE"):
             m.d.comb += self.resolve.valid.eq(1)
@@ -294,9 +358,9 @@ class Ipv4Tx(wiring.Component):
                     count("tx_unresolved", 1)
                     fsm.goto("DRAIN")
         with fsm.state("SEND"):
-            m.d.comb += [oh.valid.eq(~eth_done), ih.valid.eq(~ip_done)]
+            m.d.comb += [oh.valid.eq(~eth_done), ih.valid.eq(~ip_done & eq(summed, 2))]
             eth_now = eth_done | oh.ready
-            ip_now = ip_done | ih.ready
+            ip_now = ip_done | (ih.valid & ih.ready)
             m.d.sync += [eth_done.eq(eth_now), ip_done.eq(ip_now)]
             with m.If(eth_now & ip_now):
                 m.d.sync += ident.eq(ident + 1)

@@ -66,12 +66,14 @@ class IpStack(wiring.Component):
     :class:`.Ipv4Tx`, and ARP frames against IPv4 frames into the Ethernet emitter; a packet is
     never interleaved with another.
 
-    Throughput (measured, no back-pressure, 20 back-to-back TCP frames): RX runs at the input
-    rate (2642 cycles for 2640 input beats of 1000-byte segments at 8 bytes; 2361 for 2360 with
-    64-byte segments at 1 byte); TX adds about one cycle per frame at 8 bytes and two at 1 byte
-    (2662 cycles for 2640 output beats; 322 for 300 with 64-byte segments). Latency, RX: a TCP
-    header is offered one cycle after the beat completing the IPv4 header; TX: the first frame
-    beat leaves about six cycles after a TCP request meets an idle stack and a cache hit.
+    Throughput (measured, no back-pressure, 20 back-to-back TCP frames, first beat in to last
+    beat out): RX runs at the input rate (2646 cycles for 2640 input beats of 1000-byte segments
+    at 8 bytes; 2365 for 2360 with 64-byte segments at 1 byte); TX adds about two cycles per
+    frame at 8 bytes and three at 1 byte (2678 cycles for 2640 output beats; 2417 for 2360 with
+    64-byte segments), less than the MAC's preamble and inter-frame gap. Latency, RX: a TCP
+    header is offered four cycles after the beat completing the IPv4 header (:class:`.Ipv4Rx`
+    registers its ports and its checks); TX: the first frame beat leaves about seven cycles
+    after a TCP request meets an idle stack and a cache hit.
     Back-pressure: the RX path stalls while an echo reply waits for the TX side, and
     the TX path stalls while the resolver waits for an ARP reply (``arp_timeout`` cycles per
     try, ``arp_retries`` tries).
