@@ -12,17 +12,17 @@ block lays the segment out, fetches its data from the send ring and sums it.
 
 from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import stream, wiring
-from amaranth.lib.data import StructLayout
+from amaranth.lib.data import ArrayLayout, StructLayout
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from ..exact import add, eq, gt, is_zero, mask, select
 from ..hdrparse import HeaderEmitter
 from ..headers import TCP, Field, HeaderFormat
-from ..ip.checksum import lane_words, ones_sum, words
+from ..ip.checksum import lane_words, ones_reduce, ones_sum, words
 from ..ip.ipv4 import TxRequest
 from ..ip.stack import PROTO_TCP
-from ..stream import BeatLayout, BeatStream, check_data_bytes
+from ..stream import BeatLayout, BeatStream, SkidBuffer, check_data_bytes
 from .layouts import RingRequest, TxSegment
 
 __all__ = ["TcpTx", "SYN_OPTIONS"]
@@ -72,10 +72,12 @@ class TcpTx(wiring.Component):
     Store and forward: a segment's payload is read from the ring into a buffer of two maximum
     segments while its ones' complement sum is accumulated; the header (which needs the sum)
     follows once the last payload byte is in, so the next segment's payload is read while the
-    previous one is sent. Ring reads run ahead of the buffer by up to four records.
+    previous one is sent. Ring reads run ahead of the buffer by up to four records. The header's
+    checksum is summed over two register stages (:class:`~iwarp_nic.stream.SkidBuffer`) between
+    the buffer's records and the outputs.
 
-    Latency (no back-pressure): the request on ``o_header`` is offered four cycles after a
-    record without payload is taken, or two cycles after the last payload beat is taken from
+    Latency (no back-pressure): the request on ``o_header`` is offered six cycles after a
+    record without payload is taken, or four cycles after the last payload beat is taken from
     ``i_data`` (the ring's first beat comes three or four cycles after its read), and the
     segment's first beat on ``o`` two cycles after the request. A SYN's options take one cycle
     per beat of their 8 bytes before that.
@@ -204,30 +206,46 @@ class TcpTx(wiring.Component):
             if option_beats > 1:
                 m.d.sync += index.eq(0)
 
-        # --- Send: the header, checksummed, to the IP layer and the emitter. ---
-        ready = filled_layout(filled.r_data)
-        seg = ready.seg
-        fields = Signal(TCP.layout)
-        m.d.comb += [
-            fields.src_port.eq(seg.src_port), fields.dst_port.eq(seg.dst_port),
-            fields.seq.eq(seg.seq), fields.ack.eq(seg.ack),
-            fields.data_offset.eq(Mux(seg.syn_opts, DATA_OFFSET_SYN, DATA_OFFSET)),
-            fields.flags.eq(seg.flags), fields.window.eq(seg.window),
-        ]
+        # --- Sum: the header's checksum over the pseudo-header, the header and the payload's
+        # sum, two levels of the adder tree per stage, each stage a skid buffer. ---
+        def header(seg, name):
+            fields = Signal(TCP.layout, name=name)
+            m.d.comb += [
+                fields.src_port.eq(seg.src_port), fields.dst_port.eq(seg.dst_port),
+                fields.seq.eq(seg.seq), fields.ack.eq(seg.ack),
+                fields.data_offset.eq(Mux(seg.syn_opts, DATA_OFFSET_SYN, DATA_OFFSET)),
+                fields.flags.eq(seg.flags), fields.window.eq(seg.window),
+            ]
+            return fields
 
-        def plus_header(extra):
+        def plus_header(seg, extra):
             # ``length`` never exceeds MAX_PAYLOAD, so these sums never wrap.
             return Mux(seg.syn_opts, add(seg.length, 4 * DATA_OFFSET_SYN + extra),
                        add(seg.length, 4 * DATA_OFFSET + extra))
 
-        seg_length = plus_header(0)
+        done_seg = filled_layout(filled.r_data)
         # The pseudo-header's last two words, zero + protocol and the TCP length, as one word
         # (a lone constant word would be narrower than 16 bits in the Verilog).
-        pseudo = [self.ip[16:], self.ip[:16], seg.dst_ip[16:], seg.dst_ip[:16],
-                  plus_header(PROTO_TCP)]
+        pseudo = [self.ip[16:], self.ip[:16], done_seg.seg.dst_ip[16:], done_seg.seg.dst_ip[:16],
+                  plus_header(done_seg.seg, PROTO_TCP)]
+        head_words = words(TCP.pack(header(done_seg.seg, "sum_fields")), TCP.length)
         m.submodules.tx_sum = adders = Module()
-        total = ones_sum(adders, [*pseudo, *words(TCP.pack(fields), TCP.length), ready.sum],
-                         "tx_sum")
+        partial = ones_reduce(adders, [*pseudo, *head_words, done_seg.sum], "tx_sum", levels=2)
+        m.submodules.sum_a = sum_a = SkidBuffer(StructLayout({
+            "seg": seg_layout, "partial": ArrayLayout(16, len(partial))}))
+        m.submodules.sum_b = sum_b = SkidBuffer(filled_layout)
+        m.d.comb += [sum_a.i.valid.eq(filled.r_rdy), filled.r_en.eq(sum_a.i.ready),
+                     sum_a.i.payload.seg.eq(done_seg.seg),
+                     *(sum_a.i.payload.partial[k].eq(v) for k, v in enumerate(partial)),
+                     sum_b.i.valid.eq(sum_a.o.valid), sum_a.o.ready.eq(sum_b.i.ready),
+                     sum_b.i.payload.seg.eq(sum_a.o.payload.seg),
+                     sum_b.i.payload.sum.eq(ones_sum(adders, sum_a.o.payload.partial,
+                                                     "tx_sum_b"))]
+
+        # --- Send: the header, checksummed, to the IP layer and the emitter. ---
+        seg, total = sum_b.o.payload.seg, sum_b.o.payload.sum
+        fields = header(seg, "fields")
+        seg_length = plus_header(seg, 0)
         eh, oh = emitter.i_header, self.o_header
         m.d.comb += [
             eh.payload.fields.eq(fields),
@@ -240,13 +258,13 @@ class TcpTx(wiring.Component):
         # Each header goes to both outputs, in either order.
         ip_took = Signal()
         emitter_took = Signal()
-        m.d.comb += [oh.valid.eq(filled.r_rdy & ~ip_took),
-                     eh.valid.eq(filled.r_rdy & ~emitter_took)]
+        m.d.comb += [oh.valid.eq(sum_b.o.valid & ~ip_took),
+                     eh.valid.eq(sum_b.o.valid & ~emitter_took)]
         ip_now = ip_took | oh.ready
         emitter_now = emitter_took | eh.ready
-        with m.If(filled.r_rdy):
+        with m.If(sum_b.o.valid):
             with m.If(ip_now & emitter_now):
-                m.d.comb += filled.r_en.eq(1)
+                m.d.comb += sum_b.o.ready.eq(1)
                 m.d.sync += [ip_took.eq(0), emitter_took.eq(0),
                              self.segments.eq(self.segments + 1)]
             with m.Else():
