@@ -28,7 +28,7 @@ from ..fifo import PacketFifo
 from ..hdrparse import HeaderStream
 from ..headers import IPV4
 from ..ip.ipv4 import TxRequest
-from ..stream import BeatStream, check_data_bytes
+from ..stream import BeatStream, SkidBuffer, check_data_bytes
 from ..trim import HeadTrim
 from .control import CONN_COUNTERS, TcpControl
 from .control import COUNTERS as CONTROL_COUNTERS
@@ -144,18 +144,22 @@ class TcpEngine(wiring.Component):
         wiring.connect(m, rx.o_data, rx_buffer.i)
         m.d.comb += control.rx_free.eq(rx_buffer.free)
         # A payload that overflowed the buffer takes its segment with it (the peer sends it
-        # again): the fate of each payload, in order, meets its record here.
+        # again): the fate of each payload, in order, meets its record here. The records pass a
+        # skid buffer first, so the control's ready does not reach back into TcpRx.
+        m.submodules.seg_skid = seg_skid = SkidBuffer(rx.o_seg.payload.shape())
+        wiring.connect(m, rx.o_seg, seg_skid.i)
+        seg = seg_skid.o
         m.submodules.fates = fates = fifo.SyncFIFOBuffered(width=1, depth=4)
         m.d.comb += [fates.w_en.eq(rx_buffer.ended_kept | rx_buffer.ended_overflow),
                      fates.w_data.eq(rx_buffer.ended_kept)]
-        has_payload = ~is_zero(rx.o_seg.payload.length)
-        m.d.comb += [control.i_seg.payload.eq(rx.o_seg.payload),
-                     control.i_seg.valid.eq(rx.o_seg.valid & (~has_payload
-                                                              | (fates.r_rdy & fates.r_data))),
-                     rx.o_seg.ready.eq(Mux(has_payload, fates.r_rdy & (control.i_seg.ready
-                                                                     | ~fates.r_data),
-                                           control.i_seg.ready)),
-                     fates.r_en.eq(rx.o_seg.valid & rx.o_seg.ready & has_payload)]
+        has_payload = ~is_zero(seg.payload.length)
+        m.d.comb += [control.i_seg.payload.eq(seg.payload),
+                     control.i_seg.valid.eq(seg.valid & (~has_payload
+                                                         | (fates.r_rdy & fates.r_data))),
+                     seg.ready.eq(Mux(has_payload, fates.r_rdy & (control.i_seg.ready
+                                                               | ~fates.r_data),
+                                      control.i_seg.ready)),
+                     fates.r_en.eq(seg.valid & seg.ready & has_payload)]
         with m.If(fates.r_en & ~fates.r_data):
             m.d.sync += self.rx_no_buffer.eq(self.rx_no_buffer + 1)
         wiring.connect(m, control.o_verdict, deliver.i_verdict)

@@ -23,7 +23,7 @@ from ..hdrparse import HeaderParser, HeaderStream
 from ..headers import IPV4, TCP
 from ..ip.checksum import lane_words, ones_sum
 from ..ip.stack import PROTO_TCP
-from ..stream import BeatStream, check_data_bytes
+from ..stream import BeatLayout, BeatStream, SkidBuffer, check_data_bytes
 from ..trim import HeadTrim
 from .layouts import RxSegment
 
@@ -88,15 +88,16 @@ class TcpRx(wiring.Component):
     segment's payload but adds its cycles to a segment whose options end in its last beat.
     Measured, back to back without stall: 1448-byte segments with timestamps take their beats
     plus 1 cycle each; pure ACKs their beats plus 1, with timestamps plus 4. Back-pressure: on
-    ``o_data``, it stalls the input of segments with payload once the parser's and the trim's
-    registers are full; on ``o_seg``, a record waiting there stalls the input at the end of
-    the next segment.
+    ``o_data``, it stalls the input of segments with payload once the parser's, the skid
+    buffer's and the trim's registers are full; on ``o_seg``, a record waiting there stalls the
+    input at the end of the next segment.
 
     Latency from the last input beat (cycle 0) to ``o_seg`` valid, with ``o_data`` ready: 2
     cycles for a segment without payload, plus one per option walked when its options end in
     that beat (5 for a pure ACK with timestamps, 7 for a SYN with MSS, NOP, window scale,
-    SACK-permitted, EOL); 3 to 5 cycles for a segment with payload (one more for each tail beat
-    of the parser and of the trim), or until its walk ends if that is later.
+    SACK-permitted, EOL); 4 to 6 cycles for a segment with payload (a skid buffer between the
+    parser and the trim, and one more for each tail beat of the parser and of the trim), or
+    until its walk ends if that is later.
 
     The checksum of the last beat (a tree over its ``data_bytes / 2`` words) is combinational
     into the parser's ``err`` input, as in :class:`~iwarp_nic.ip.icmp.IcmpEcho`.
@@ -119,7 +120,14 @@ class TcpRx(wiring.Component):
         n = self.data_bytes
         m.submodules.parser = parser = HeaderParser(TCP, n, err=True)
         m.submodules.trim = trim = HeadTrim(n, COUNT_BITS, err=True)
-        wiring.connect(m, parser.o_payload, trim.i)
+        # Skid buffers on the trim's inputs keep its handshake (which depends on its count, and
+        # so on the header checks) out of the parser's, the input's and the count's ready.
+        m.submodules.payload_skid = payload_skid = SkidBuffer(BeatLayout(n, err=True))
+        m.submodules.count_skid = count_skid = SkidBuffer(COUNT_BITS)
+        wiring.connect(m, parser.o_payload, payload_skid.i)
+        wiring.connect(m, payload_skid.o, trim.i)
+        wiring.connect(m, count_skid.o, trim.i_count)
+        trim_count = count_skid.i
         wiring.connect(m, trim.o, wiring.flipped(self.o_data))
         beat, hdr, ip = self.i.payload, parser.o_header, self.i_header.payload.fields
 
@@ -186,11 +194,11 @@ class TcpRx(wiring.Component):
         offset_ok = ~lt(data_offset, 5) & _covers(tcp_length, data_offset)
         option_len = sub(Cat(C(0, 2), data_offset), 20)
         m.d.comb += [
-            trim.i_count.valid.eq(busy & hdr.valid & hdr.payload.has_payload & ~counted),
-            trim.i_count.payload.eq(Mux(offset_ok, Cat(option_len, C(0, COUNT_BITS - 6)),
-                                        Const(DROP_ALL, COUNT_BITS))),
+            trim_count.valid.eq(busy & hdr.valid & hdr.payload.has_payload & ~counted),
+            trim_count.payload.eq(Mux(offset_ok, Cat(option_len, C(0, COUNT_BITS - 6)),
+                                      Const(DROP_ALL, COUNT_BITS))),
         ]
-        count_taken = trim.i_count.valid & trim.i_count.ready
+        count_taken = trim_count.valid & trim_count.ready
         with m.If(count_taken):
             m.d.sync += counted.eq(1)
 
