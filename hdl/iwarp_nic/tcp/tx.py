@@ -207,7 +207,8 @@ class TcpTx(wiring.Component):
                 m.d.sync += index.eq(0)
 
         # --- Sum: the header's checksum over the pseudo-header, the header and the payload's
-        # sum, two levels of the adder tree per stage, each stage a skid buffer. ---
+        # sum: one level of the adder tree (after the length's adder) into a first skid buffer,
+        # two more into a second, the last one on the way to the outputs. ---
         def header(seg, name):
             fields = Signal(TCP.layout, name=name)
             m.d.comb += [
@@ -230,20 +231,22 @@ class TcpTx(wiring.Component):
                   plus_header(done_seg.seg, PROTO_TCP)]
         head_words = words(TCP.pack(header(done_seg.seg, "sum_fields")), TCP.length)
         m.submodules.tx_sum = adders = Module()
-        partial = ones_reduce(adders, [*pseudo, *head_words, done_seg.sum], "tx_sum", levels=2)
+        part_a = ones_reduce(adders, [*pseudo, *head_words, done_seg.sum], "tx_sum_a", levels=1)
         m.submodules.sum_a = sum_a = SkidBuffer(StructLayout({
-            "seg": seg_layout, "partial": ArrayLayout(16, len(partial))}))
-        m.submodules.sum_b = sum_b = SkidBuffer(filled_layout)
+            "seg": seg_layout, "partial": ArrayLayout(16, len(part_a))}))
+        part_b = ones_reduce(adders, sum_a.o.payload.partial, "tx_sum_b", levels=2)
+        m.submodules.sum_b = sum_b = SkidBuffer(StructLayout({
+            "seg": seg_layout, "partial": ArrayLayout(16, len(part_b))}))
         m.d.comb += [sum_a.i.valid.eq(filled.r_rdy), filled.r_en.eq(sum_a.i.ready),
                      sum_a.i.payload.seg.eq(done_seg.seg),
-                     *(sum_a.i.payload.partial[k].eq(v) for k, v in enumerate(partial)),
+                     *(sum_a.i.payload.partial[k].eq(v) for k, v in enumerate(part_a)),
                      sum_b.i.valid.eq(sum_a.o.valid), sum_a.o.ready.eq(sum_b.i.ready),
                      sum_b.i.payload.seg.eq(sum_a.o.payload.seg),
-                     sum_b.i.payload.sum.eq(ones_sum(adders, sum_a.o.payload.partial,
-                                                     "tx_sum_b"))]
+                     *(sum_b.i.payload.partial[k].eq(v) for k, v in enumerate(part_b))]
 
         # --- Send: the header, checksummed, to the IP layer and the emitter. ---
-        seg, total = sum_b.o.payload.seg, sum_b.o.payload.sum
+        seg = sum_b.o.payload.seg
+        total = ones_sum(adders, sum_b.o.payload.partial, "tx_sum_c")
         fields = header(seg, "fields")
         seg_length = plus_header(seg, 0)
         eh, oh = emitter.i_header, self.o_header
