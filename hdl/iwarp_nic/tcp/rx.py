@@ -84,23 +84,28 @@ class TcpRx(wiring.Component):
     Throughput: one input beat per cycle within a segment, and one cycle between segments (the
     next IPv4 header is taken in the cycle the previous segment's record is written), as long as
     the option walker is done: it walks one option per cycle (an EOL or a malformed option
-    counts as one) from when the option area has streamed in, so it is hidden behind a
-    segment's payload but adds its cycles to a segment whose options end in its last beat.
+    counts as one) from the cycle after the option area has streamed in, so it is hidden
+    behind a segment's payload but adds its cycles to a segment whose options end in its last
+    beat.
     Measured, back to back without stall: 1448-byte segments with timestamps take their beats
-    plus 1 cycle each; pure ACKs their beats plus 1, with timestamps plus 4. Back-pressure: on
-    ``o_data``, it stalls the input of segments with payload once the parser's, the skid
-    buffer's and the trim's registers are full; on ``o_seg``, a record waiting there stalls the
+    plus 1 cycle each; pure ACKs their beats plus 3, with timestamps plus 5. Back-pressure: on
+    ``o_data``, it stalls the input of segments with payload once the skid buffers', the
+    parser's and the trim's registers are full; on ``o_seg``, a record waiting there stalls the
     input at the end of the next segment.
 
-    Latency from the last input beat (cycle 0) to ``o_seg`` valid, with ``o_data`` ready: 2
-    cycles for a segment without payload, plus one per option walked when its options end in
-    that beat (5 for a pure ACK with timestamps, 7 for a SYN with MSS, NOP, window scale,
-    SACK-permitted, EOL); 4 to 6 cycles for a segment with payload (a skid buffer between the
+    Latency from the last input beat (cycle 0) to ``o_seg`` valid, with ``o_data`` ready: 4
+    cycles for a segment without payload (skid buffers before and after the parser), or 3 plus
+    one to start the walk and one per option walked when its options end in that beat (6 for a
+    pure ACK with timestamps, 8 for a SYN with MSS, NOP, window scale, SACK-permitted, EOL); 5
+    to 7 cycles for a segment with payload (skid buffers before the parser and between the
     parser and the trim, and one more for each tail beat of the parser and of the trim), or
     until its walk ends if that is later.
 
     The checksum of the last beat (a tree over its ``data_bytes / 2`` words) is combinational
-    into the parser's ``err`` input, as in :class:`~iwarp_nic.ip.icmp.IcmpEcho`.
+    into the ``err`` of the beat entering the skid buffer before the parser. Timing: the
+    parser's input and outputs and the trim's count pass skid buffers, and the option walker
+    decides each step from a registered window of the option area: ``i.ready`` depends on
+    registers only, ``i_header.ready`` on registers and ``o_seg.ready``.
     """
 
     def __init__(self, data_bytes):
@@ -120,16 +125,24 @@ class TcpRx(wiring.Component):
         n = self.data_bytes
         m.submodules.parser = parser = HeaderParser(TCP, n, err=True)
         m.submodules.trim = trim = HeadTrim(n, COUNT_BITS, err=True)
-        # Skid buffers on the trim's inputs keep its handshake (which depends on its count, and
-        # so on the header checks) out of the parser's, the input's and the count's ready.
+        # Skid buffers around the parser: on its input, so that the verdicts at a segment's last
+        # beat (its err input) come from a register; on both its outputs, so that what is decided
+        # from the parsed header (the trim's count and handshake, the end of the segment) stays
+        # out of the parser's ready, and so out of the input's. The trim's count passes one too
+        # (it still meets its first payload beat, which the parser offers a cycle after the
+        # header), so the trim's handshake depends on registers only.
+        m.submodules.in_skid = in_skid = SkidBuffer(BeatLayout(n, err=True))
+        wiring.connect(m, in_skid.o, parser.i)
+        m.submodules.header_skid = header_skid = SkidBuffer(parser.o_header.payload.shape())
         m.submodules.payload_skid = payload_skid = SkidBuffer(BeatLayout(n, err=True))
-        m.submodules.count_skid = count_skid = SkidBuffer(COUNT_BITS)
+        wiring.connect(m, parser.o_header, header_skid.i)
         wiring.connect(m, parser.o_payload, payload_skid.i)
         wiring.connect(m, payload_skid.o, trim.i)
+        wiring.connect(m, trim.o, wiring.flipped(self.o_data))
+        m.submodules.count_skid = count_skid = SkidBuffer(COUNT_BITS)
         wiring.connect(m, count_skid.o, trim.i_count)
         trim_count = count_skid.i
-        wiring.connect(m, trim.o, wiring.flipped(self.o_data))
-        beat, hdr, ip = self.i.payload, parser.o_header, self.i_header.payload.fields
+        beat, hdr, ip = self.i.payload, header_skid.o, self.i_header.payload.fields
 
         # --- The segment being taken in: busy from its IPv4 header until its record is written.
         busy = Signal()
@@ -148,8 +161,8 @@ class TcpRx(wiring.Component):
 
         take = self.i.valid & self.i.ready
         m.d.comb += [
-            parser.i.valid.eq(self.i.valid & busy & ~ended),
-            self.i.ready.eq(busy & ~ended & parser.i.ready),
+            in_skid.i.valid.eq(self.i.valid & busy & ~ended),
+            self.i.ready.eq(busy & ~ended & in_skid.i.ready),
         ]
 
         # Verdicts at the last beat; err goes into the parser with it, so the bad segment's
@@ -167,8 +180,8 @@ class TcpRx(wiring.Component):
             m.d.comb += end_len.eq(add(seen, 1))
         end_bad_in = beat.err | (end_len != tcp_length)
         end_bad_sum = ne(beat_sum, GOOD_SUM)
-        m.d.comb += [parser.i.payload.eq(beat),
-                     parser.i.payload.err.eq(beat.last & (end_bad_in | end_bad_sum))]
+        m.d.comb += [in_skid.i.payload.eq(beat),
+                     in_skid.i.payload.err.eq(beat.last & (end_bad_in | end_bad_sum))]
 
         with m.If(take):
             m.d.sync += [acc.eq(beat_sum), seen.eq(add(seen, n))]
@@ -203,16 +216,18 @@ class TcpRx(wiring.Component):
             m.d.sync += counted.eq(1)
 
         # --- The option walker: one option per cycle over the captured option area, started
-        # once all of it has been taken; done when it stops or steps to the end of the area.
+        # the cycle after all of it has been taken; done when it stops or steps to the end of
+        # the area. The 4 bytes at `pos` are registered (`window`, loaded with those at the next
+        # position as the walker steps), so each step is decided from registers; they hold the
+        # whole option area by the time `start` is set.
         pos = Signal(6)                 # offset of the next option in the option area
         walked = Signal()
+        start = Signal()
         mss = Signal(16)
         has_mss = Signal()
         ws = Signal(4)
         has_ws = Signal()
-        area = [options[8 * k:8 * k + 8] for k in range(OPTION_BYTES)] + [Const(0, 8)] * 3
-        window = select(m, pos, [Cat(*area[k:k + 4]) for k in range(OPTION_BYTES + 1)], 32,
-                        "option_window")
+        window = Signal(32)
         kind, size, value = window[:8], window[8:16], window[16:32]
         nop = eq(kind, OPT_NOP)
         left = Signal(6)
@@ -221,7 +236,14 @@ class TcpRx(wiring.Component):
                      next_pos.eq(Mux(nop, add(pos, 1), (pos + size[:6])[:6]))]
         malformed = lt(left, 2) | lt(size, 2) | size[6:].any() | (size[:6] > left)
         stop = is_zero(kind) | (~nop & malformed)
-        walking = busy & offset_ok & (ended | _covers(seen, data_offset)) & ~walked
+        m.d.sync += start.eq(busy & offset_ok & (ended | _covers(seen, data_offset)))
+        walking = busy & start & ~walked
+        # A shifter (zeros in past the area): its stages take the position's bits from the
+        # lowest, the first the adder of `next_pos` settles. (Once the walker stops, `window` is
+        # not read again for this segment.)
+        shifted = Signal(8 * OPTION_BYTES)
+        m.d.comb += shifted.eq(options >> Cat(C(0, 3), Mux(walking, next_pos, pos)))
+        m.d.sync += window.eq(shifted[:32])
         with m.If(walking):
             m.d.sync += walked.eq(stop | ~(next_pos < option_len))
             with m.If(~stop):
@@ -243,7 +265,7 @@ class TcpRx(wiring.Component):
         rec_data = Signal()             # an o_data packet belongs to it
         release = Signal()
         parsed = ~lt(seg_len, 20) & (gt(seg_len, 20) | ~(bad_in | bad_sum))
-        header_done = ~parsed | (hdr.valid & (counted | count_taken | ~hdr.payload.has_payload))
+        header_done = ~parsed | (hdr.valid & (counted | ~hdr.payload.has_payload))
         finish = busy & ended & header_done & walk_done & (~rec_valid | release)
         bad_header = lt(seg_len, 20) | ~offset_ok
         f = hdr.payload.fields
@@ -276,8 +298,8 @@ class TcpRx(wiring.Component):
                 busy.eq(1), ended.eq(~has_segment), src.eq(ip.src),
                 tcp_length.eq(ip_tcp_length), seen.eq(0), seg_len.eq(0),
                 acc.eq(pseudo_sum), data_offset.eq(0), bad_in.eq(0), bad_sum.eq(0),
-                counted.eq(0), pos.eq(0), walked.eq(0), mss.eq(0), has_mss.eq(0), ws.eq(0),
-                has_ws.eq(0),
+                counted.eq(0), pos.eq(0), walked.eq(0), start.eq(0), mss.eq(0), has_mss.eq(0),
+                ws.eq(0), has_ws.eq(0),
             ]
             if odd is not None:
                 m.d.sync += odd.eq(0)
