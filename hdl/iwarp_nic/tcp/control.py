@@ -37,7 +37,7 @@ lets the peer take (without them a peer's backed-off timer never comes down). Se
 another connection, out of the run's order, carrying a FIN, or longer than ``mss`` are dropped
 as before. A connection that closes with segments parked has them thrown away.
 
-Throughput and latency: an event takes 5 to 8 cycles (plus the lookup and, for opens, the ISN).
+Throughput and latency: an event takes 5 to 10 cycles (plus the lookup and, for opens, the ISN).
 A full-size segment lasts 183 cycles at 8 bytes per beat, so one data segment in each direction
 and its ACKs leave the machine mostly idle. An event starts only when the output FIFOs it may
 write have room, so it never waits half way; the sources are served round-robin. A transmit
@@ -418,9 +418,8 @@ class TcpControl(wiring.Component):
         room = verdicts.w_rdy & txq.w_rdy & lt(events.w_level, events.depth - 1)
 
         fsm = Machine(m, ["IDLE", "RX_LOOKUP", "RX_WAIT", "NO_CONN", "LOAD", "LOADED", "RX_A",
-                          "RX_B", "ISN", "TX_A", "TX_B", "CHUNK", "WRITTEN", "PARK", "CMD",
-                          "TIMER", "FIX",
-                          "COMMIT", "EVENTS", "TABLE"], "tcp_state")
+                          "RX_B", "ISN", "TX_A", "TX_B", "TX_C", "TX_D", "CHUNK", "WRITTEN",
+                          "PARK", "CMD", "TIMER", "FIX", "COMMIT", "EVENTS", "TABLE"], "tcp_state")
 
         with fsm.state("IDLE"):
             m.d.sync += [verdict_valid.eq(0), seg_valid.eq(0), ev_valid.eq(0),
@@ -765,6 +764,7 @@ class TcpControl(wiring.Component):
         avail = Signal(32)          # queued bytes not sent yet
         usable = Signal(32)         # window not used yet
         una_span = Signal(32)       # data bytes from snd_una to the end of what was sent
+        to_end = Signal(32)         # bytes from snd_nxt to the end of the queued data
         # The window to advertise (RFC 9293 3.8.6.2.2, receiver-side SWS avoidance): the right
         # edge moves only when the free space would move it on by more than one MSS, and never
         # back (3.8.6: a receiver should not shrink the window). Held otherwise, so the window
@@ -776,6 +776,7 @@ class TcpControl(wiring.Component):
         with fsm.state("TX_A"):
             sent_end = Mux(_before(t.snd_max, t.snd_end), t.snd_max, t.snd_end)
             m.d.sync += [avail.eq(Mux(data_waiting, t.snd_ready - t.snd_nxt, 0)),
+                         to_end.eq(t.snd_end - t.snd_nxt),
                          usable.eq(Mux(window_open, (wnd_right - t.snd_nxt)[:32], 0)),
                          una_span.eq(sent_end - t.snd_una)]
             free_right = wrap_add(m, t.rcv_nxt, free_wnd, 32, "free_right")
@@ -790,77 +791,93 @@ class TcpControl(wiring.Component):
         def clip(value, limit):
             return Mux(value > limit, limit, value)
 
-        def send(first, length, flags, retransmit):
-            """Emit the segment [first, first + length) (+1 for SYN or FIN); its end."""
-            after = Signal(32, name="tx_after")
-            span = Signal(17, name="tx_span")
-            m.d.comb += span.eq(length + ((flags & (SYN | FIN)) != 0))
-            m.d.comb += after.eq(wrap_add(m, first, span, 32, "tx_after_sum"))
-            adv_wnd = Signal(32, name="tx_adv_wnd")
-            m.d.comb += adv_wnd.eq(Mux(t.ws_on, adv_field << self.rcv_ws, adv_field))
-            m.d.sync += [seg.seq.eq(first), seg.flags.eq(flags), seg.length.eq(length),
-                         seg_valid.eq(1), t.ack_now.eq(0), t.ack_delayed.eq(0),
-                         t.unacked_seg.eq(0),
-                         t.rcv_adv.eq(wrap_add(m, t.rcv_nxt, adv_wnd, 32, "tx_adv_right"))]
-            count("tx_segments")
-            count_conn("tx_segments")
+        # TX_B decides which segment (if any) and registers its geometry; TX_C emits it; TX_D
+        # moves SND.NXT/SND.MAX past it. Split so that no cycle chains more than one or two
+        # 32-bit carry chains (the core clock of the 1-byte configuration is 125 MHz).
+        TxKind = ("NONE", "SYN", "FAST_RTX", "PROBE", "DATA", "ACK")
+        tx_kind = Signal(range(len(TxKind)))
+        tx_first = Signal(32)       # the segment's first sequence number
+        tx_len = Signal(16)         # its data bytes
+        tx_flags = Signal(8)
+        tx_rtx = Signal()           # it sends sequence space sent before
+        tx_after = Signal(32)       # the sequence number after it (SYN and FIN count one)
 
-            def retransmitted():
-                count("retransmits")
-                count_conn("retransmits")
-                m.d.sync += t.rtt_active.eq(0)                  # Karn's rule
-
-            def timed():
-                with m.If(~t.rtt_active & (after != first)):
-                    m.d.sync += [t.rtt_active.eq(1), t.rtt_seq.eq(after), t.rtt_start.eq(now)]
-
-            if isinstance(retransmit, bool):
-                retransmitted() if retransmit else timed()
-            else:
-                with m.If(retransmit):
-                    retransmitted()
-                with m.Else():
-                    timed()
-            return after
-
-        def advance(after):
-            m.d.sync += [t.snd_nxt.eq(after),
-                         t.snd_max.eq(Mux(_before(t.snd_max, after), after, t.snd_max))]
+        def kind_is(name):
+            return eq(tx_kind, TxKind.index(name))
 
         with fsm.state("TX_B"):
+            fsm.goto("TX_C")
+            m.d.sync += tx_kind.eq(TxKind.index("NONE"))
+            data_len = Signal(16)
+            m.d.comb += data_len.eq(clip(clip(avail, usable), t.mss))
+            data_len32 = Signal(32)
+            m.d.comb += data_len32.eq(data_len)
+
+            def decide(name, first, length, flags, retransmit):
+                m.d.sync += [tx_kind.eq(TxKind.index(name)), tx_first.eq(first),
+                             tx_len.eq(length), tx_flags.eq(flags), tx_rtx.eq(retransmit)]
+
+            with m.If(opening & (t.snd_nxt == t.snd_una)):
+                decide("SYN", t.snd_una, 0, Mux(_in(t.state, State.SYN_RCVD), SYN | ACK, SYN),
+                       t.snd_max != t.snd_una)
+            with m.Elif(sending & t.fast_rtx):
+                decide("FAST_RTX", t.snd_una, clip(una_span, t.mss)[:16], ACK, 1)
+            with m.Elif(sending & t.probe & data_waiting):
+                decide("PROBE", t.snd_nxt, 1, ACK, 0)
+            with m.Elif(sending & ((data_waiting & window_open) | fin_due)):
+                # FIN on the segment that reaches the end of the queued data, PSH on the one
+                # that empties the ring (``to_end``, ``avail``: from SND.NXT, set in TX_A).
+                decide("DATA", t.snd_nxt, data_len,
+                       Mux(t.fin_pending & (data_len32 == to_end), ACK | FIN,
+                           Mux(data_len32 == avail, ACK | PSH, ACK)),
+                       _before(t.snd_nxt, t.snd_max))
+            with m.Elif(synced & t.ack_now):
+                decide("ACK", t.snd_nxt, 0, ACK, 0)
+
+        with fsm.state("TX_C"):
             fsm.goto("FIX")
             m.d.sync += [seg.conn.eq(conn), seg.dst_ip.eq(t.remote_ip),
                          seg.src_port.eq(t.local_port), seg.dst_port.eq(t.remote_port),
                          seg.ack.eq(t.rcv_nxt), seg.window.eq(adv_field), seg.syn_opts.eq(0),
                          seg.mss.eq(self.mss), seg.ws.eq(self.rcv_ws), seg.syn_ws.eq(0)]
-            with m.If(opening & (t.snd_nxt == t.snd_una)):
-                flags = Mux(_in(t.state, State.SYN_RCVD), SYN | ACK, SYN)
-                advance(send(t.snd_una, 0, flags, t.snd_max != t.snd_una))
+            span = Signal(17)
+            m.d.comb += span.eq(tx_len + (tx_flags & (SYN | FIN)).any())
+            after = Signal(32)
+            m.d.comb += after.eq(wrap_add(m, tx_first, span, 32, "tx_after_sum"))
+            adv_wnd = Signal(32)
+            m.d.comb += adv_wnd.eq(Mux(t.ws_on, adv_field << self.rcv_ws, adv_field))
+            with m.If(kind_is("NONE")):
+                m.d.sync += t.probe.eq(0)
+            with m.Else():
+                m.d.sync += [seg.seq.eq(tx_first), seg.flags.eq(tx_flags),
+                             seg.length.eq(tx_len), seg_valid.eq(1), t.ack_now.eq(0),
+                             t.ack_delayed.eq(0), t.unacked_seg.eq(0), tx_after.eq(after),
+                             t.rcv_adv.eq(wrap_add(m, t.rcv_nxt, adv_wnd, 32, "tx_adv_right"))]
+                count("tx_segments")
+                count_conn("tx_segments")
+                with m.If(tx_rtx):
+                    count("retransmits")
+                    count_conn("retransmits")
+                    m.d.sync += t.rtt_active.eq(0)              # Karn's rule
+                with m.Elif(~t.rtt_active & ~is_zero(span)):
+                    m.d.sync += [t.rtt_active.eq(1), t.rtt_seq.eq(after), t.rtt_start.eq(now)]
+                with m.If(kind_is("SYN") | kind_is("PROBE") | kind_is("DATA")):
+                    fsm.goto("TX_D")
+            with m.If(kind_is("SYN")):
                 # RFC 7323 2.2: a SYN-ACK offers window scaling only if the SYN did.
                 m.d.sync += [seg.syn_opts.eq(1), seg.window.eq(win_unscaled),
                              t.rcv_adv.eq(wrap_add(m, t.rcv_nxt, win_unscaled, 32, "syn_adv")),
                              seg.syn_ws.eq(~_in(t.state, State.SYN_RCVD) | t.ws_on)]
-            with m.Elif(sending & t.fast_rtx):
-                send(t.snd_una, clip(una_span, t.mss)[:16], ACK, True)
+            with m.If(kind_is("FAST_RTX")):
                 count("fast_retransmits")
                 m.d.sync += t.fast_rtx.eq(0)
-            with m.Elif(sending & t.probe & data_waiting):
-                advance(send(t.snd_nxt, 1, ACK, False))
+            with m.If(kind_is("PROBE") | kind_is("DATA")):
                 m.d.sync += t.probe.eq(0)
-            with m.Elif(sending & ((data_waiting & window_open) | fin_due)):
-                length = Signal(16)
-                m.d.comb += length.eq(clip(clip(avail, usable), t.mss))
-                length32 = Signal(32)
-                m.d.comb += length32.eq(length)
-                end = (t.snd_nxt + length32)[:32]
-                flags = Mux(t.fin_pending & (end == t.snd_end), ACK | FIN,
-                            Mux(end == t.snd_ready, ACK | PSH, ACK))
-                advance(send(t.snd_nxt, length, flags, _before(t.snd_nxt, t.snd_max)))
-                m.d.sync += t.probe.eq(0)
-            with m.Elif(synced & t.ack_now):
-                send(t.snd_nxt, 0, ACK, False)
-            with m.Else():
-                m.d.sync += t.probe.eq(0)
+
+        with fsm.state("TX_D"):
+            fsm.goto("FIX")
+            m.d.sync += [t.snd_nxt.eq(tx_after),
+                         t.snd_max.eq(Mux(_before(t.snd_max, tx_after), tx_after, t.snd_max))]
 
         # ---- Host chunk: admit it into the send ring, or drop one with nowhere to go.
         with fsm.state("CHUNK"):
