@@ -55,6 +55,8 @@ ODD = [
     (b"\x01" * 37 + b"\x03\x03\x0e", "40 bytes, WS last"),
     (b"\x02\x04\xff\xff" * 10, "40 bytes of MSS"),
     (b"\x08\x0a" + bytes(8) + b"\x02\x04\x02\x18\x01\x00", "unknown 10 bytes, then MSS"),
+    (b"\x04\x03\x00\x04\x02\x00\x00\x00", "SACK-permitted of length 3, then one of 2"),
+    (b"\x04\x04\x00\x00\x00\x00\x00\x00", "SACK-permitted of length 4 only skipped"),
 ]
 
 
@@ -67,10 +69,12 @@ def ip_text(value):
 
 
 def walk_options(area):
-    """(mss, ws) of an option area, each None when absent: RFC 9293 3.1/3.2, RFC 7323 2.2/2.3.
-    A kind without room for its length byte, a length below 2 or past the area ends the walk;
-    the last MSS (kind 2, length 4) and window scale (kind 3, length 3) count."""
+    """(mss, ws, sack_ok) of an option area, the first two None when absent: RFC 9293 3.1/3.2,
+    RFC 7323 2.2/2.3, RFC 2018 2. A kind without room for its length byte, a length below 2 or
+    past the area ends the walk; the last MSS (kind 2, length 4) and window scale (kind 3,
+    length 3) count; SACK-permitted is kind 4 length 2."""
     mss = ws = None
+    sack_ok = False
     i = 0
     while i < len(area):
         kind = area[i]
@@ -86,8 +90,10 @@ def walk_options(area):
             mss = int.from_bytes(area[i + 2:i + 4], "big")
         elif kind == 3 and size == 3:
             ws = min(area[i + 2], 14)
+        elif kind == 4 and size == 2:
+            sack_ok = True
         i += size
-    return mss, ws
+    return mss, ws, sack_ok
 
 
 class Case:
@@ -234,15 +240,16 @@ class Expected:
         wire = bytes(IP(src=ip_text(case.ip["src"]), dst=US, proto=6) / Raw(bytes(case.segment)))
         ip = IP(wire)
         tcp = ip[TCP]
-        mss, ws = walk_options(bytes(case.segment)[20:4 * tcp.dataofs])
+        mss, ws, sack_ok = walk_options(bytes(case.segment)[20:4 * tcp.dataofs])
         if case.well_formed:
             found = dict(tcp.options)          # the last of each kind
-            assert (mss, ws) == (found.get("MSS"), None if "WScale" not in found
-                                 else min(found["WScale"], 14))
+            assert (mss, ws, sack_ok) == (found.get("MSS"), None if "WScale" not in found
+                                          else min(found["WScale"], 14), "SAckOK" in found)
         return {"src_ip": ip_int(ip.src), "src_port": tcp.sport, "dst_port": tcp.dport,
                 "seq": tcp.seq, "ack": tcp.ack, "flags": int(tcp.flags), "window": tcp.window,
                 "mss": mss or 0, "has_mss": int(mss is not None), "ws": ws or 0,
-                "has_ws": int(ws is not None), "length": ip.len - 4 * ip.ihl - 4 * tcp.dataofs}
+                "has_ws": int(ws is not None), "sack_ok": int(sack_ok),
+                "length": ip.len - 4 * ip.ihl - 4 * tcp.dataofs}
 
 
 def record_dict(bits):

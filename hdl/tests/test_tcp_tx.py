@@ -66,13 +66,14 @@ def ip_int(text):
 
 def random_record(rng, ring_bytes, max_payload):
     """A TxSegment record of a random kind, as a dict of its fields."""
-    kind = rng.choice(["data", "data", "data", "ack", "syn", "fin", "rst"])
+    kind = rng.choice(["data", "data", "data", "ack", "sack", "syn", "fin", "rst"])
     record = {
         "conn": rng.randrange(CONNS), "dst_ip": rng.getrandbits(32),
         "src_port": rng.getrandbits(16), "dst_port": rng.getrandbits(16),
         "seq": rng.getrandbits(32), "ack": rng.getrandbits(32), "window": rng.getrandbits(16),
-        "flags": ACK, "syn_opts": 0, "syn_ws": rng.getrandbits(1), "mss": rng.getrandbits(16),
-        "ws": rng.getrandbits(4),
+        "flags": ACK, "syn_opts": 0, "syn_ws": rng.getrandbits(1),
+        "syn_sack": rng.getrandbits(1), "mss": rng.getrandbits(16), "ws": rng.getrandbits(4),
+        "sack": 0, "sack_left": rng.getrandbits(32), "sack_right": rng.getrandbits(32),
         "length": 0,
     }
     if kind == "data":
@@ -82,6 +83,10 @@ def random_record(rng, ring_bytes, max_payload):
     elif kind == "syn":
         record["flags"] = rng.choice([SYN, SYN | ACK])
         record["syn_opts"] = rng.random() < 0.8
+        record["sack"] = rng.random() < 0.2                          # SYN options win
+        record["length"] = rng.choice([0, 0, rng.randint(1, 100)])   # ignored with options
+    elif kind == "sack":
+        record["sack"] = 1
         record["length"] = rng.choice([0, 0, rng.randint(1, 100)])   # ignored with options
     elif kind == "fin":
         record["flags"] = ACK | FIN
@@ -91,20 +96,26 @@ def random_record(rng, ring_bytes, max_payload):
 
 
 def payload_length(record, max_payload):
-    return 0 if record["syn_opts"] else min(record["length"], max_payload)
+    return 0 if record["syn_opts"] or record["sack"] else min(record["length"], max_payload)
 
 
 def check_segment(wire, record, payload):
     """``wire`` is the segment TcpTx sent for ``record`` with ``payload``: by scapy, field by
     field, and by its checksum (scapy's own, and the RFC 1071 sum over the pseudo-header)."""
     seg = TCP(wire)
-    window_scale = [("WScale", record["ws"])] if record["syn_ws"] else [("NOP", None)] * 3
-    options = [("MSS", record["mss"]), ("NOP", None), *window_scale] \
-        if record["syn_opts"] else []
+    nop = ("NOP", None)
+    window_scale = [("WScale", record["ws"])] if record["syn_ws"] else [nop] * 3
+    sack_ok = [("SAckOK", b"")] if record["syn_sack"] else [nop] * 2
+    if record["syn_opts"]:
+        options = [("MSS", record["mss"]), nop, *window_scale, nop, nop, *sack_ok]
+    elif record["sack"]:
+        options = [nop, nop, ("SAck", (record["sack_left"], record["sack_right"]))]
+    else:
+        options = []
     assert (seg.sport, seg.dport, seg.seq, seg.ack, seg.dataofs, seg.reserved, int(seg.flags),
             seg.window, seg.urgptr, seg.options) == (
         record["src_port"], record["dst_port"], record["seq"], record["ack"],
-        7 if record["syn_opts"] else 5, 0, record["flags"], record["window"], 0, options)
+        8 if options else 5, 0, record["flags"], record["window"], 0, options)
     assert bytes(seg.payload) == payload
     assert len(wire) == 4 * seg.dataofs + len(payload)
     dst = str(ipaddress.IPv4Address(record["dst_ip"]))
@@ -157,9 +168,10 @@ def test_against_scapy(n):
     tx = dut.tx
     rings, requests, packets = fill_rings(rng, n, ring_bytes)
     records = [random_record(rng, ring_bytes, max_payload) for _ in range(40 if n == 1 else 120)]
-    records[:3] = [dict(records[0], syn_opts=1, flags=SYN, length=0),   # at least one of each
-                   dict(records[1], syn_opts=0, flags=ACK, length=0),
-                   dict(records[2], syn_opts=0, flags=ACK, length=max_payload + 7)]
+    records[:4] = [dict(records[0], syn_opts=1, flags=SYN, length=0),   # at least one of each
+                   dict(records[1], syn_opts=0, sack=0, flags=ACK, length=0),
+                   dict(records[2], syn_opts=0, sack=0, flags=ACK, length=max_payload + 7),
+                   dict(records[3], syn_opts=0, sack=1, flags=ACK, length=0)]
     reads, state, got = [], {}, {}
 
     async def driver(ctx):
@@ -258,7 +270,8 @@ def test_line_rate(n):
     first = rng.getrandbits(32)
     records = [{"conn": 1, "dst_ip": ip_int("10.0.0.2"), "src_port": 4791, "dst_port": 5000,
                 "seq": (first + k * length) % 2**32, "ack": 7, "flags": ACK, "window": 65535,
-                "syn_opts": 0, "syn_ws": 0, "mss": 0, "ws": 0, "length": length}
+                "syn_opts": 0, "syn_ws": 0, "syn_sack": 0, "mss": 0, "ws": 0, "sack": 0,
+                "sack_left": 0, "sack_right": 0, "length": length}
                for k in range(count)]
     beats = count * -(-(20 + length) // n)
     state, got = {}, {}

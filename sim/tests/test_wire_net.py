@@ -169,7 +169,8 @@ def test_icmp_bad_input():
 
 tcp_segments = st.builds(
     TcpSegment, sport=u16, dport=u16, seq=u32, ack=u32, flags=u8, window=u16,
-    payload=payloads, urgent=u16, mss=st.none() | u16, wscale=st.none() | st.integers(0, 14))
+    payload=payloads, urgent=u16, mss=st.none() | u16, wscale=st.none() | st.integers(0, 14),
+    sack_permitted=st.booleans())
 
 
 def _scapy_tcp(seg: TcpSegment):
@@ -178,6 +179,8 @@ def _scapy_tcp(seg: TcpSegment):
         options.append(("MSS", seg.mss))
     if seg.wscale is not None:
         options += [("NOP", None), ("WScale", seg.wscale)]
+    if seg.sack_permitted:
+        options += [("NOP", None), ("NOP", None), ("SAckOK", b"")]
     return TCP(sport=seg.sport, dport=seg.dport, seq=seg.seq, ack=seg.ack, flags=seg.flags,
                window=seg.window, urgptr=seg.urgent, options=options) / seg.payload
 
@@ -199,12 +202,14 @@ def test_tcp_decodes_linux_style_syn_options():
                        ("WScale", 7)])
     data = raw(IP(src=IP_A, dst=IP_B) / syn)
     seg = TcpSegment.decode(data[20:], ipv4(IP_A), ipv4(IP_B))
-    assert (seg.flags, seg.seq, seg.window, seg.mss, seg.wscale) == (SYN, 123, 64240, 1460, 7)
+    assert (seg.flags, seg.seq, seg.window, seg.mss, seg.wscale, seg.sack_permitted) == (
+        SYN, 123, 64240, 1460, 7, True)
     sack = TCP(sport=1, dport=2, flags="A", options=[("NOP", None), ("NOP", None),
                                                       ("SAck", (100, 200))])
     data = raw(IP(src=IP_A, dst=IP_B) / sack / b"zz")
     seg = TcpSegment.decode(data[20:], ipv4(IP_A), ipv4(IP_B))
     assert seg.payload == b"zz" and seg.mss is None and seg.flags == ACK
+    assert not seg.sack_permitted
 
 
 def test_tcp_bad_input():

@@ -10,6 +10,7 @@ Linux's side; Linux's RST and FIN; 16 connections at once. Pcaps go to build/lin
 
 import hashlib
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -122,21 +123,39 @@ NETEM = {
 }
 
 
-#: Known open failure (issue 4), measured with ``ss -ti`` in the run: at 5% loss Linux often
-#: loses two or more segments of one window; this end keeps only the run after the first hole
-#: and has no SACK, so Linux repairs one hole per round trip (NewReno) or by timeout, and its
-#: backed-off timer (and a round-trip estimate inflated to tens of seconds) outlasts the test.
-#: SACK for the parked run is the fix.
-LOSS5_OPEN = pytest.mark.xfail(run=False, reason="issue 4: 5% loss needs SACK (several holes "
-                               "per window); Linux's recovery outlasts the timeout")
+def sack_blocks(pcap, nic_ip):
+    """tshark's decode of ``pcap``: whether the NIC's SYN-ACK offered SACK, and the (ACK, left,
+    right, TCP length) of each segment from the NIC with a SACK block, absolute numbers."""
+    fields = ["tcp.flags.syn", "tcp.options.sack_perm", "tcp.ack", "tcp.options.sack_le",
+              "tcp.options.sack_re", "tcp.len"]
+    done = subprocess.run(
+        ["tshark", "-n", "-r", str(pcap), "-o", "tcp.relative_sequence_numbers:FALSE",
+         "-Y", f"ip.src == {nic_ip} && (tcp.flags.syn == 1 || tcp.options.sack_le)",
+         "-T", "fields", "-E", "separator=/t", *(f for name in fields for f in ("-e", name))],
+        capture_output=True, text=True, check=True)
+    offered, blocks = None, []
+    for line in done.stdout.splitlines():
+        syn, perm, ack, left, right, length = (line.split("\t") + [""] * 6)[:6]
+        if syn in ("1", "True"):
+            offered = bool(perm)
+        else:
+            blocks.append((int(ack), int(left), int(right), int(length)))
+    return offered, blocks
 
 
+def serial_before(a, b):
+    """RFC 1982: sequence number ``a`` comes before ``b``."""
+    return 0 < (b - a) % (1 << 32) < 1 << 31
+
+
+@pytest.mark.tshark
 @pytest.mark.parametrize("width", (1, 8))
-@pytest.mark.parametrize("impair", [pytest.param(k, marks=LOSS5_OPEN) if k == "loss5" else k
-                                    for k in NETEM])
+@pytest.mark.parametrize("impair", NETEM)
 def test_netem(width, impair):
     """Linux's egress impaired by ``tc netem`` (or, where the kernel has no ``sch_netem``, by
-    the bridge with the same faults): still byte-exact both ways."""
+    the bridge with the same faults): still byte-exact both ways. Where segments were lost or
+    late, tshark finds the parked run reported to Linux in SACK blocks on pure ACKs, each past
+    the ACK it rides on and covering at most ``park_segments`` full segments."""
     size = MiB if width == 8 else MiB // 2
     rig, results, ports = session(width, f"netem_{impair}", nic_role="server", size=size,
                                   netem=NETEM[impair])
@@ -144,6 +163,14 @@ def test_netem(width, impair):
     # The faults reached the NIC: segments past a hole (kept for later), or old duplicates.
     seen = "tcp_rx_dropped" if impair == "duplicate" else "tcp_rx_parked"
     assert rig.final[seen] > 0, f"{impair}: the NIC saw no fault ({seen} is 0)"
+    offered, blocks = sack_blocks(PCAPS / f"netem_{impair}_w{width}.pcap", rig.ip)
+    assert offered, "the NIC's SYN-ACK did not offer SACK to Linux, whose SYN did"
+    if impair != "duplicate":
+        assert blocks, f"{impair}: the NIC parked segments but sent no SACK block"
+    for ack, left, right, length in blocks:
+        assert length == 0, f"a SACK block on a segment with data: {ack, left, right}"
+        assert serial_before(ack, left) and serial_before(left, right), (ack, left, right)
+        assert (right - left) % (1 << 32) <= 32 * 1460, (ack, left, right)   # park_segments
 
 
 @pytest.mark.parametrize("width", (1, 8))

@@ -5,7 +5,9 @@ timeouts) for the eleven connection states, section 3.8.6 (window management, ze
 probes), section 3.10.7.4 "Other states" (acceptability test, ACK processing, in-order data,
 FIN), RFC 6298 (retransmission timer: SRTT/RTTVAR in ticks, exponential backoff, Karn's rule),
 RFC 5681 section 3.2 (fast retransmit on the third duplicate ACK; no congestion window, see
-below), RFC 1122 section 4.2.3.2 (delayed ACK: at least every second full segment, and within
+below) and 4.2 (an immediate, pure duplicate ACK for data out of order), RFC 2018 (SACK:
+offered in the SYN; the parked run as one SACK block on pure ACKs while a hole is before it),
+RFC 1122 section 4.2.3.2 (delayed ACK: at least every second full segment, and within
 ``dack_ticks``), RFC 5961 sections 3-5 (RST and SYN in a synchronised state answered with a
 challenge ACK unless exactly at RCV.NXT; ACKs outside SND.UNA - SND.WND .. SND.MAX dropped), RFC
 7323 section 2 (window scale) and RFC 6528 (keyed initial sequence numbers, :mod:`.isn`).
@@ -36,6 +38,16 @@ segment costs none, and the ACK covers segments sent once, whose round-trip samp
 lets the peer take (without them a peer's backed-off timer never comes down). Segments of
 another connection, out of the run's order, carrying a FIN, or longer than ``mss`` are dropped
 as before. A connection that closes with segments parked has them thrown away.
+
+While a hole is open, ACKs go out alone, ahead of data (a peer counts only ACKs without data
+as duplicates), and if the peer's SYN offered SACK they carry the parked run as a SACK block
+(RFC 2018 section 4: the first block holds the latest segment kept, and here the run is the
+only one). So a peer that lost several segments of a window learns at once what arrived after
+the first hole and what did not, rather than one hole per round trip. Data segments carry no
+SACK option (an MSS-sized one would have no room for it): a departure from RFC 2018 section
+4, which says every ACK should carry SACK while data is held past a hole; the peer learns of
+the run from the pure ACKs only. Received SACK blocks are ignored: the
+sender repairs by cumulative ACK, fast retransmit and timeout only.
 
 Throughput and latency: an event takes 5 to 10 cycles (plus the lookup and, for opens, the ISN).
 A full-size segment lasts 183 cycles at 8 bytes per beat, so one data segment in each direction
@@ -113,6 +125,8 @@ def Tcb():
         "rcv_adv": 32,      # right edge of the window last advertised (RCV.NXT + RCV.WND sent)
         "fin_pending": 1,   # a FIN follows the queued data (sequence number snd_end)
         "ack_now": 1, "ack_delayed": 1, "unacked_seg": 1, "dack_deadline": TIME_BITS,
+        "ack_pure": 1,      # the ACK due is for data out of order: a pure ACK, ahead of data
+        "sack_on": 1,       # the peer's SYN offered SACK (RFC 2018 2): ours send SACK blocks
         "fast_rtx": 1, "probe": 1, "dupacks": 2, "retries": 4,
         "rto_armed": 1, "rto_deadline": TIME_BITS, "rto_cur": TIME_BITS,
         "rtt_active": 1, "rtt_seq": 32, "rtt_start": TIME_BITS,
@@ -338,6 +352,8 @@ class TcpControl(wiring.Component):
         park_conn = Signal(cb)
         park_head, park_end = Signal(32), Signal(32)
         park_poke, park_flush = Signal(), Signal()
+        park_held = ~is_zero(park_count) & (conn == park_conn)    # `conn` has the run
+        park_mine = park_held & ~park_flush                          # ... and keeps it
 
         def count(name):
             counter = getattr(self, name)
@@ -352,7 +368,7 @@ class TcpControl(wiring.Component):
         def free(kind_):
             event(0, kind_)
             m.d.sync += [t.state.eq(State.CLOSED), release.eq(1)]
-            with m.If(~is_zero(park_count) & (conn == park_conn)):
+            with m.If(park_held):
                 m.d.sync += [park_flush.eq(1), park_poke.eq(1)]
 
         # Derived values of the loaded TCB `t`.
@@ -493,7 +509,7 @@ class TcpControl(wiring.Component):
             seg_len = s.length + s.flags[1] + s.flags[0]
             m.d.sync += [seg.conn.eq(0), seg.dst_ip.eq(s.src_ip), seg.src_port.eq(s.dst_port),
                          seg.dst_port.eq(s.src_port), seg.window.eq(0), seg.syn_opts.eq(0),
-                         seg.mss.eq(0), seg.ws.eq(0), seg.length.eq(0)]
+                         seg.sack.eq(0), seg.mss.eq(0), seg.ws.eq(0), seg.length.eq(0)]
             with m.If(~rst):
                 m.d.sync += seg_valid.eq(1)
                 count("tx_resets")
@@ -509,8 +525,8 @@ class TcpControl(wiring.Component):
             m.d.sync += [seg.conn.eq(conn), seg.dst_ip.eq(t.remote_ip),
                          seg.src_port.eq(t.local_port), seg.dst_port.eq(t.remote_port),
                          seg.seq.eq(t.snd_nxt), seg.ack.eq(0), seg.flags.eq(RST),
-                         seg.window.eq(0), seg.syn_opts.eq(0), seg.mss.eq(0), seg.ws.eq(0),
-                         seg.length.eq(0), seg_valid.eq(1)]
+                         seg.window.eq(0), seg.syn_opts.eq(0), seg.sack.eq(0), seg.mss.eq(0),
+                         seg.ws.eq(0), seg.length.eq(0), seg_valid.eq(1)]
             count("tx_resets")
 
         def drop_payload():
@@ -599,6 +615,7 @@ class TcpControl(wiring.Component):
             m.d.sync += [t.rcv_nxt.eq(syn_next), t.snd_wl1.eq(s.seq), t.snd_wnd.eq(s.window),
                          t.rcv_adv.eq(wrap_add(m, syn_next, win_unscaled, 32, "syn_right")),
                          t.ws_on.eq(s.has_ws), t.snd_ws.eq(Mux(s.has_ws, s.ws, 0)),
+                         t.sack_on.eq(s.sack_ok),
                          t.mss.eq(Mux(s.has_mss, Mux(gt(s.mss, self.mss), self.mss, s.mss), 536))]
 
         def rtt_update():
@@ -656,15 +673,20 @@ class TcpControl(wiring.Component):
                         with m.If(~t.ack_delayed):
                             m.d.sync += [t.ack_delayed.eq(1),
                                          t.dack_deadline.eq(add(now, self.dack_ticks))]
+                    with m.If(park_mine):
+                        # It fills all or part of the hole before the parked run: ACKed at
+                        # once (RFC 5681 4.2), with the run's SACK block while a hole is left.
+                        m.d.sync += [t.ack_now.eq(1), t.ack_pure.eq(1), t.unacked_seg.eq(0)]
                 with m.Elif(parkable):
-                    m.d.sync += [t.ack_now.eq(1), verdict.park.eq(1), park_end.eq(seg_end),
+                    m.d.sync += [t.ack_now.eq(1), t.ack_pure.eq(1), verdict.park.eq(1),
+                                 park_end.eq(seg_end),
                                  park_count.eq(park_count + 1)]
                     m.d.comb += [parked.w_en.eq(1), parked.w_data.eq(s.length)]
                     with m.If(is_zero(park_count)):
                         m.d.sync += [park_conn.eq(conn), park_head.eq(s.seq)]
                     count("rx_parked")
                 with m.Else():
-                    m.d.sync += t.ack_now.eq(1)
+                    m.d.sync += [t.ack_now.eq(1), t.ack_pure.eq(1)]
                     dropped()
 
         def receive_fin():
@@ -684,7 +706,7 @@ class TcpControl(wiring.Component):
         with fsm.state("RX_B"):
             drop_payload()
             fsm.goto("FIX")
-            with m.If(~is_zero(park_count) & (conn == park_conn)):
+            with m.If(park_held):
                 m.d.sync += park_poke.eq(1)     # RCV.NXT may have reached the park
             with m.If(_in(t.state, State.CLOSED)):
                 fsm.goto("NO_CONN")        # the listening slot was closed meanwhile
@@ -753,7 +775,7 @@ class TcpControl(wiring.Component):
                 iss = isn.o.payload
                 m.d.sync += [t.snd_una.eq(iss), t.snd_nxt.eq(iss), t.snd_max.eq(iss),
                              t.snd_end.eq(iss + 1), t.snd_ready.eq(iss + 1),
-                             t.fin_pending.eq(0), t.ack_now.eq(0),
+                             t.fin_pending.eq(0), t.ack_now.eq(0), t.ack_pure.eq(0),
                              t.ack_delayed.eq(0), t.unacked_seg.eq(0), t.fast_rtx.eq(0),
                              t.probe.eq(0), t.dupacks.eq(0), t.retries.eq(0),
                              t.rto_armed.eq(0), t.rto_cur.eq(self.rto_initial),
@@ -765,6 +787,7 @@ class TcpControl(wiring.Component):
         usable = Signal(32)         # window not used yet
         una_span = Signal(32)       # data bytes from snd_una to the end of what was sent
         to_end = Signal(32)         # bytes from snd_nxt to the end of the queued data
+        sack_due = Signal()         # an ACK now carries the parked run's SACK block
         # The window to advertise (RFC 9293 3.8.6.2.2, receiver-side SWS avoidance): the right
         # edge moves only when the free space would move it on by more than one MSS, and never
         # back (3.8.6: a receiver should not shrink the window). Held otherwise, so the window
@@ -778,7 +801,8 @@ class TcpControl(wiring.Component):
             m.d.sync += [avail.eq(Mux(data_waiting, t.snd_ready - t.snd_nxt, 0)),
                          to_end.eq(t.snd_end - t.snd_nxt),
                          usable.eq(Mux(window_open, (wnd_right - t.snd_nxt)[:32], 0)),
-                         una_span.eq(sent_end - t.snd_una)]
+                         una_span.eq(sent_end - t.snd_una),
+                         sack_due.eq(t.sack_on & park_mine & _before(t.rcv_nxt, park_head))]
             free_right = wrap_add(m, t.rcv_nxt, free_wnd, 32, "free_right")
             step = Const(self.mss, 32)
             moved = _before(wrap_add(m, t.rcv_adv, step, 32, "adv_grow"), free_right)
@@ -820,6 +844,10 @@ class TcpControl(wiring.Component):
             with m.If(opening & (t.snd_nxt == t.snd_una)):
                 decide("SYN", t.snd_una, 0, Mux(_in(t.state, State.SYN_RCVD), SYN | ACK, SYN),
                        t.snd_max != t.snd_una)
+            with m.Elif(synced & t.ack_now & t.ack_pure):
+                # An ACK for data out of order goes alone, ahead of data: the peer counts only
+                # ACKs without data as duplicates (RFC 5681 section 2).
+                decide("ACK", t.snd_nxt, 0, ACK, 0)
             with m.Elif(sending & t.fast_rtx):
                 decide("FAST_RTX", t.snd_una, clip(una_span, t.mss)[:16], ACK, 1)
             with m.Elif(sending & t.probe & data_waiting):
@@ -839,7 +867,9 @@ class TcpControl(wiring.Component):
             m.d.sync += [seg.conn.eq(conn), seg.dst_ip.eq(t.remote_ip),
                          seg.src_port.eq(t.local_port), seg.dst_port.eq(t.remote_port),
                          seg.ack.eq(t.rcv_nxt), seg.window.eq(adv_field), seg.syn_opts.eq(0),
-                         seg.mss.eq(self.mss), seg.ws.eq(self.rcv_ws), seg.syn_ws.eq(0)]
+                         seg.mss.eq(self.mss), seg.ws.eq(self.rcv_ws), seg.syn_ws.eq(0),
+                         seg.syn_sack.eq(0), seg.sack.eq(kind_is("ACK") & sack_due),
+                         seg.sack_left.eq(park_head), seg.sack_right.eq(park_end)]
             span = Signal(17)
             m.d.comb += span.eq(tx_len + (tx_flags & (SYN | FIN)).any())
             after = Signal(32)
@@ -851,6 +881,7 @@ class TcpControl(wiring.Component):
             with m.Else():
                 m.d.sync += [seg.seq.eq(tx_first), seg.flags.eq(tx_flags),
                              seg.length.eq(tx_len), seg_valid.eq(1), t.ack_now.eq(0),
+                             t.ack_pure.eq(0),
                              t.ack_delayed.eq(0), t.unacked_seg.eq(0), tx_after.eq(after),
                              t.rcv_adv.eq(wrap_add(m, t.rcv_nxt, adv_wnd, 32, "tx_adv_right"))]
                 count("tx_segments")
@@ -864,10 +895,13 @@ class TcpControl(wiring.Component):
                 with m.If(kind_is("SYN") | kind_is("PROBE") | kind_is("DATA")):
                     fsm.goto("TX_D")
             with m.If(kind_is("SYN")):
-                # RFC 7323 2.2: a SYN-ACK offers window scaling only if the SYN did.
+                # RFC 7323 2.2, RFC 2018 2: a SYN-ACK offers window scaling and SACK only if
+                # the SYN did.
+                answer = _in(t.state, State.SYN_RCVD)
                 m.d.sync += [seg.syn_opts.eq(1), seg.window.eq(win_unscaled),
                              t.rcv_adv.eq(wrap_add(m, t.rcv_nxt, win_unscaled, 32, "syn_adv")),
-                             seg.syn_ws.eq(~_in(t.state, State.SYN_RCVD) | t.ws_on)]
+                             seg.syn_ws.eq(~answer | t.ws_on),
+                             seg.syn_sack.eq(~answer | t.sack_on)]
             with m.If(kind_is("FAST_RTX")):
                 count("fast_retransmits")
                 m.d.sync += t.fast_rtx.eq(0)
@@ -965,7 +999,7 @@ class TcpControl(wiring.Component):
                                  t.remote_ip.eq(cmd.remote_ip),
                                  t.remote_port.eq(cmd.remote_port), t.rcv_nxt.eq(0),
                                  t.snd_wnd.eq(0), t.snd_ws.eq(0), t.ws_on.eq(0),
-                                 t.mss.eq(536), t.snd_wl1.eq(0), insert.eq(1)]
+                                 t.sack_on.eq(0), t.mss.eq(536), t.snd_wl1.eq(0), insert.eq(1)]
                     fsm.goto("ISN")
                 with m.Else():
                     event(0, EventKind.ABORTED)

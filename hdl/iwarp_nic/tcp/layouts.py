@@ -1,8 +1,9 @@
 """The records passed between the blocks of the TCP offload engine and to the layer above it.
 
-Implements the field sets of RFC 9293 section 3.1 (header), 3.2 (MSS option) and RFC 7323
-section 2.2 (window scale option) as they travel inside the engine; no wire format here (the wire
-header is :data:`iwarp_nic.headers.TCP`).
+Implements the field sets of RFC 9293 section 3.1 (header), 3.2 (MSS option), RFC 7323
+section 2.2 (window scale option) and RFC 2018 sections 2 and 3 (SACK-permitted, one SACK
+block) as they travel inside the engine; no wire format here (the wire header is
+:data:`iwarp_nic.headers.TCP`).
 
 Every layout is a function of the engine's size parameters so that a connection id is exactly
 ``conn_bits`` wide. Values are host order. Sequence numbers are the 32-bit wire values; the
@@ -38,6 +39,7 @@ RxSegment = data.StructLayout({
     "seq": 32, "ack": 32, "flags": 8, "window": 16,
     "mss": 16, "has_mss": 1,        # RFC 9293 3.2 MSS option, if present
     "ws": 4, "has_ws": 1,           # RFC 7323 2.2 shift count, clamped to 14, if present
+    "sack_ok": 1,                   # RFC 2018 2 SACK-permitted option present
     "length": 16,
 })
 
@@ -45,12 +47,15 @@ RxSegment = data.StructLayout({
 def TxSegment(conns):
     """A segment to send (control → ``TcpTx``): the header fields, and ``length`` payload bytes
     to take from the connection's send ring starting at sequence number ``seq``. With ``syn_opts``
-    the header carries the MSS option (``mss``) and, with ``syn_ws``, the window-scale option
-    (``ws``; without it, NOPs in its place, as a SYN-ACK to a SYN that offered none must)."""
+    the header carries the MSS option (``mss``), with ``syn_ws`` the window-scale option (``ws``)
+    and with ``syn_sack`` SACK-permitted (each left out, NOPs in its place, as a SYN-ACK to a
+    SYN that offered none must). With ``sack`` (and not ``syn_opts``) it carries one SACK block,
+    ``[sack_left, sack_right)``. Either way the segment has no payload (``length`` is ignored)."""
     return data.StructLayout({
         "conn": conn_bits(conns), "dst_ip": 32, "src_port": 16, "dst_port": 16,
         "seq": 32, "ack": 32, "flags": 8, "window": 16,
-        "syn_opts": 1, "syn_ws": 1, "mss": 16, "ws": 4,
+        "syn_opts": 1, "syn_ws": 1, "syn_sack": 1, "mss": 16, "ws": 4,
+        "sack": 1, "sack_left": 32, "sack_right": 32,
         "length": 16,
     })
 

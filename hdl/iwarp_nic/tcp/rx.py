@@ -9,6 +9,7 @@ Implements:
   (below 2, or past the option area) ends option parsing without rejecting the segment;
 * RFC 9293 section 3.2 (End of Option List, No-Operation, Maximum Segment Size kind 2 length 4);
 * RFC 7323 section 2.2 (Window Scale kind 3 length 3) and 2.3 (a shift above 14 is used as 14);
+* RFC 2018 section 2 (SACK-permitted, kind 4 length 2; SACK blocks, kind 5, are skipped);
 * RFC 1071 for the checksum arithmetic (:mod:`iwarp_nic.ip.checksum`).
 
 Options are only recorded here; deciding what they mean for a connection is the control's job.
@@ -35,8 +36,8 @@ COUNTERS = ("segments", "bad_checksum", "bad_header", "discarded")
 #: RFC 7323 section 2.3: the largest shift count a window scale option can take effect with.
 MAX_WINDOW_SHIFT = 14
 
-OPT_EOL, OPT_NOP, OPT_MSS, OPT_WS = 0, 1, 2, 3
-OPT_MSS_LEN, OPT_WS_LEN = 4, 3
+OPT_EOL, OPT_NOP, OPT_MSS, OPT_WS, OPT_SACK_OK = 0, 1, 2, 3, 4
+OPT_MSS_LEN, OPT_WS_LEN, OPT_SACK_OK_LEN = 4, 3, 2
 OPTION_BYTES = 40                          # Data Offset 15: 60 header bytes, 20 of them fixed
 COUNT_BITS = 16                            # a trim count that can cover any segment
 DROP_ALL = mask(COUNT_BITS)                # ... and the count that drops one whole
@@ -65,7 +66,8 @@ class TcpRx(wiring.Component):
     o_seg : Out(stream.Signature(RxSegment))
         One record per good segment, in arrival order: the fixed header's fields, ``src_ip``,
         MSS and window scale options if present (the last of each counts; the shift clamped to
-        14), ``length`` = payload bytes (segment minus ``4 * data_offset``).
+        14), ``sack_ok`` if SACK-permitted is present, ``length`` = payload bytes (segment
+        minus ``4 * data_offset``).
     o_data : Out(BeatStream(data_bytes, err=True))
         For each segment whose header passes the checks and that has bytes after its options,
         those bytes realigned to lane 0, as one packet. ``err`` on its last beat when the
@@ -227,6 +229,7 @@ class TcpRx(wiring.Component):
         has_mss = Signal()
         ws = Signal(4)
         has_ws = Signal()
+        sack_ok = Signal()
         window = Signal(32)
         kind, size, value = window[:8], window[8:16], window[16:32]
         nop = eq(kind, OPT_NOP)
@@ -255,6 +258,8 @@ class TcpRx(wiring.Component):
                     m.d.sync += [ws.eq(Mux(gt(shift, MAX_WINDOW_SHIFT),
                                            Const(MAX_WINDOW_SHIFT, 4), shift[:4])),
                                  has_ws.eq(1)]
+                with m.If(eq(kind, OPT_SACK_OK) & eq(size, OPT_SACK_OK_LEN)):
+                    m.d.sync += sack_ok.eq(1)
         walk_done = ~offset_ok | eq(data_offset, 5) | walked
 
         # --- The segment's end: its record goes to the output slot once the parser's header
@@ -278,6 +283,7 @@ class TcpRx(wiring.Component):
                 rec.seq.eq(f.seq), rec.ack.eq(f.ack), rec.flags.eq(f.flags),
                 rec.window.eq(f.window),
                 rec.mss.eq(mss), rec.has_mss.eq(has_mss), rec.ws.eq(ws), rec.has_ws.eq(has_ws),
+                rec.sack_ok.eq(sack_ok),
                 rec.length.eq(_minus(tcp_length, Cat(C(0, 2), data_offset, C(0, 10)))),
                 rec_kind.eq(Mux(bad_in, DISCARDED,
                                 Mux(bad_header, BAD_HEADER, Mux(bad_sum, BAD_CHECKSUM, GOOD)))),
@@ -299,7 +305,7 @@ class TcpRx(wiring.Component):
                 tcp_length.eq(ip_tcp_length), seen.eq(0), seg_len.eq(0),
                 acc.eq(pseudo_sum), data_offset.eq(0), bad_in.eq(0), bad_sum.eq(0),
                 counted.eq(0), pos.eq(0), walked.eq(0), start.eq(0), mss.eq(0), has_mss.eq(0),
-                ws.eq(0), has_ws.eq(0),
+                ws.eq(0), has_ws.eq(0), sack_ok.eq(0),
             ]
             if odd is not None:
                 m.d.sync += odd.eq(0)

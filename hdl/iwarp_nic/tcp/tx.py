@@ -1,10 +1,12 @@
 """TCP segment transmission: the control's segment records become segments for the IP layer.
 
 Implements RFC 9293 section 3.1 (the header, and its checksum over the IPv4 pseudo-header, the
-header and the data), section 3.2 (the MSS option, kind 2 length 4, and NOP, kind 1) and
-RFC 7323 section 2.2 (the window scale option, kind 3 length 3), sent together on SYN segments
-as ``MSS, NOP, WS`` (or ``MSS, NOP, NOP, NOP, NOP`` without window scaling): 8 option bytes,
-data offset 7. RFC 1071 for the checksum arithmetic.
+header and the data), section 3.2 (the MSS option, kind 2 length 4, and NOP, kind 1),
+RFC 7323 section 2.2 (the window scale option, kind 3 length 3) and RFC 2018 section 2
+(SACK-permitted, kind 4 length 2), sent together on SYN segments as ``MSS, NOP, WS, NOP, NOP,
+SACK-permitted`` (NOPs in place of an option not offered): 12 option bytes, data offset 8;
+and RFC 2018 section 3 (one SACK block, kind 5 length 10) on segments without payload as
+``NOP, NOP, SACK``: 12 option bytes, data offset 8. RFC 1071 for the checksum arithmetic.
 
 Sequence numbers, windows and which segment to send are the control's (:mod:`.layouts`); this
 block lays the segment out, fetches its data from the send ring and sums it.
@@ -25,7 +27,7 @@ from ..ip.stack import PROTO_TCP
 from ..stream import BeatLayout, BeatStream, SkidBuffer, check_data_bytes
 from .layouts import RingRequest, TxSegment
 
-__all__ = ["TcpTx", "SYN_OPTIONS"]
+__all__ = ["TcpTx", "SYN_OPTIONS", "SACK_OPTION"]
 
 #: The options of our SYN segments, in the order RFC 9293 3.2 and RFC 7323 2.2 lay them out.
 SYN_OPTIONS = HeaderFormat("tcp_syn_options", [
@@ -36,12 +38,33 @@ SYN_OPTIONS = HeaderFormat("tcp_syn_options", [
     Field("ws_kind", 5, 0, 8),
     Field("ws_len", 6, 0, 8),
     Field("ws", 7, 0, 8),
+    Field("nop2", 8, 0, 8),
+    Field("nop3", 9, 0, 8),
+    Field("sack_ok_kind", 10, 0, 8),
+    Field("sack_ok_len", 11, 0, 8),
 ])
+#: One SACK block (RFC 2018 section 3), aligned by two NOPs as its section 5 example shows.
+SACK_OPTION = HeaderFormat("tcp_sack_option", [
+    Field("nop0", 0, 0, 8),
+    Field("nop1", 1, 0, 8),
+    Field("kind", 2, 0, 8),
+    Field("len", 3, 0, 8),
+    Field("left", 4, 0, 32),
+    Field("right", 8, 0, 32),
+])
+assert SYN_OPTIONS.length == SACK_OPTION.length
 MSS_KIND, MSS_LEN, NOP, WS_KIND, WS_LEN = 2, 4, 1, 3, 3
-DATA_OFFSET, DATA_OFFSET_SYN = 5, 7       # header length in 32-bit words, without and with options
+SACK_OK_KIND, SACK_OK_LEN, SACK_KIND, SACK_LEN = 4, 2, 5, 10
+#: Header length in 32-bit words, without and with options (either kind: 12 bytes).
+DATA_OFFSET, DATA_OFFSET_OPTS = 5, 5 + SYN_OPTIONS.length // 4
 
 #: Most payload bytes a segment can carry: the IPv4 Total Length is 16 bits, two 20-byte headers.
 MAX_PAYLOAD = 65535 - 40
+
+
+def _has_options(seg):
+    """The segment record ``seg`` carries options (and so no payload)."""
+    return seg.syn_opts | seg.sack
 
 
 class TcpTx(wiring.Component):
@@ -52,15 +75,16 @@ class TcpTx(wiring.Component):
     i_seg : In(stream.Signature(TxSegment(conns)))
         One record per segment, sent in this order. ``length`` payload bytes (clamped to
         ``max_payload``) are taken from connection ``conn``'s ring from ``seq`` on; a record with
-        ``syn_opts`` carries the MSS and window-scale options and no payload (its ``length`` is
-        ignored). Records with no payload (pure ACK, SYN, FIN, RST) never touch the ring.
+        ``syn_opts`` (the SYN options) or ``sack`` (a SACK block) carries those options and no
+        payload (its ``length`` is ignored). Records with no payload (pure ACK, SYN, FIN, RST)
+        never touch the ring.
     o_read : Out(stream.Signature(RingRequest(conns))); i_data : In(BeatStream(data_bytes))
         The ring (:class:`.ring.TxRing`): a read of ``(conn, seq, length)`` for each record with
         a payload, offered together with the record, and then exactly those bytes as a packet.
     o_header : Out(stream.Signature(TxRequest)); o : Out(BeatStream(data_bytes, err=True))
         The segments for :class:`~iwarp_nic.ip.IpStack` (``i_tcp_header``/``i_tcp_payload``):
         per segment a request (``dst_ip``, protocol 6, segment length), and the segment as a
-        packet: the header (``src_port``, ``dst_port``, ``seq``, ``ack``, data offset 5 or 7,
+        packet: the header (``src_port``, ``dst_port``, ``seq``, ``ack``, data offset 5 or 8,
         ``flags``, ``window``, the checksum, urgent pointer 0), the options, the payload.
         ``err`` is always 0. The two streams are independent (a request may be taken before or
         after the previous segment's bytes).
@@ -79,8 +103,8 @@ class TcpTx(wiring.Component):
     Latency (no back-pressure): the request on ``o_header`` is offered six cycles after a
     record without payload is taken, or four cycles after the last payload beat is taken from
     ``i_data`` (the ring's first beat comes three or four cycles after its read), and the
-    segment's first beat on ``o`` two cycles after the request. A SYN's options take one cycle
-    per beat of their 8 bytes before that.
+    segment's first beat on ``o`` two cycles after the request. Options take one cycle per beat
+    of their 12 bytes before that.
 
     Throughput: one beat per cycle on ``o``, with no gap between back-to-back segments as long
     as the ring keeps up (a ring read takes one word per cycle plus at most one cycle per
@@ -134,7 +158,7 @@ class TcpTx(wiring.Component):
         if self.max_payload < 2 ** 16 - 1:
             with m.If(gt(rec.length, self.max_payload)):
                 m.d.comb += entry.length.eq(self.max_payload)
-        with m.If(rec.syn_opts):
+        with m.If(_has_options(rec)):
             m.d.comb += entry.length.eq(0)
         reads_ring = ~is_zero(entry.length)
         m.d.comb += [
@@ -149,14 +173,23 @@ class TcpTx(wiring.Component):
 
         # --- Fill: the payload (options or ring bytes) into the buffer, summed on the way. ---
         head = seg_layout(reads.r_data)
-        has_payload = head.syn_opts | ~is_zero(head.length)
-        options = Signal(SYN_OPTIONS.layout)
-        m.d.comb += [options.mss_kind.eq(MSS_KIND), options.mss_len.eq(MSS_LEN),
-                     options.mss.eq(head.mss), options.nop.eq(NOP),
-                     options.ws_kind.eq(Mux(head.syn_ws, WS_KIND, NOP)),
-                     options.ws_len.eq(Mux(head.syn_ws, WS_LEN, NOP)),
-                     options.ws.eq(Mux(head.syn_ws, head.ws, NOP))]
-        option_bytes = SYN_OPTIONS.pack(options)
+        head_opts = _has_options(head)
+        has_payload = head_opts | ~is_zero(head.length)
+        syn_options = Signal(SYN_OPTIONS.layout)
+        m.d.comb += [syn_options.mss_kind.eq(MSS_KIND), syn_options.mss_len.eq(MSS_LEN),
+                     syn_options.mss.eq(head.mss), syn_options.nop.eq(NOP),
+                     syn_options.ws_kind.eq(Mux(head.syn_ws, WS_KIND, NOP)),
+                     syn_options.ws_len.eq(Mux(head.syn_ws, WS_LEN, NOP)),
+                     syn_options.ws.eq(Mux(head.syn_ws, head.ws, NOP)),
+                     syn_options.nop2.eq(NOP), syn_options.nop3.eq(NOP),
+                     syn_options.sack_ok_kind.eq(Mux(head.syn_sack, SACK_OK_KIND, NOP)),
+                     syn_options.sack_ok_len.eq(Mux(head.syn_sack, SACK_OK_LEN, NOP))]
+        sack_option = Signal(SACK_OPTION.layout)
+        m.d.comb += [sack_option.nop0.eq(NOP), sack_option.nop1.eq(NOP),
+                     sack_option.kind.eq(SACK_KIND), sack_option.len.eq(SACK_LEN),
+                     sack_option.left.eq(head.sack_left), sack_option.right.eq(head.sack_right)]
+        option_bytes = Mux(head.syn_opts, SYN_OPTIONS.pack(syn_options),
+                           SACK_OPTION.pack(sack_option))
         option_beats = -(-SYN_OPTIONS.length // n)
         option_beat = Signal(beat_layout)
         if option_beats > 1:
@@ -165,7 +198,9 @@ class TcpTx(wiring.Component):
                 option_beat.data.eq(select(m, index, [option_bytes.word_select(k, 8 * n)
                                                       for k in range(option_beats)],
                                            8 * n, "option_data")),
-                option_beat.keep.eq(mask(n)),
+                option_beat.keep.eq(Mux(eq(index, option_beats - 1),
+                                        mask(SYN_OPTIONS.length - n * (option_beats - 1)),
+                                        mask(n))),
                 option_beat.last.eq(eq(index, option_beats - 1)),
             ]
         else:
@@ -174,8 +209,8 @@ class TcpTx(wiring.Component):
                          option_beat.last.eq(1)]
 
         beat = Signal(beat_layout)
-        m.d.comb += beat.eq(Mux(head.syn_opts, option_beat, self.i_data.payload))
-        beat_valid = head.syn_opts | self.i_data.valid
+        m.d.comb += beat.eq(Mux(head_opts, option_beat, self.i_data.payload))
+        beat_valid = head_opts | self.i_data.valid
         acc = Signal(16)                        # the sum of the segment's beats so far
         odd = Signal() if n == 1 else None      # 1-byte beats: the next byte is a low byte
         # Each adder tree is a module of its own, so that the simulator settles its chain of
@@ -186,7 +221,7 @@ class TcpTx(wiring.Component):
         take = reads.r_rdy & has_payload & beat_valid & room
         done = (take & beat.last) | (reads.r_rdy & ~has_payload & filled.w_rdy)
         m.d.comb += [
-            self.i_data.ready.eq(reads.r_rdy & ~head.syn_opts & has_payload & room),
+            self.i_data.ready.eq(reads.r_rdy & ~head_opts & has_payload & room),
             buffer.w_data.eq(beat),
             buffer.w_en.eq(take),
             filled.w_data.eq(Cat(reads.r_data, Mux(has_payload, beat_sum, 0))),
@@ -214,14 +249,14 @@ class TcpTx(wiring.Component):
             m.d.comb += [
                 fields.src_port.eq(seg.src_port), fields.dst_port.eq(seg.dst_port),
                 fields.seq.eq(seg.seq), fields.ack.eq(seg.ack),
-                fields.data_offset.eq(Mux(seg.syn_opts, DATA_OFFSET_SYN, DATA_OFFSET)),
+                fields.data_offset.eq(Mux(_has_options(seg), DATA_OFFSET_OPTS, DATA_OFFSET)),
                 fields.flags.eq(seg.flags), fields.window.eq(seg.window),
             ]
             return fields
 
         def plus_header(seg, extra):
             # ``length`` never exceeds MAX_PAYLOAD, so these sums never wrap.
-            return Mux(seg.syn_opts, add(seg.length, 4 * DATA_OFFSET_SYN + extra),
+            return Mux(_has_options(seg), add(seg.length, 4 * DATA_OFFSET_OPTS + extra),
                        add(seg.length, 4 * DATA_OFFSET + extra))
 
         done_seg = filled_layout(filled.r_data)
@@ -253,7 +288,7 @@ class TcpTx(wiring.Component):
         m.d.comb += [
             eh.payload.fields.eq(fields),
             eh.payload.fields.checksum.eq(~total),
-            eh.payload.has_payload.eq(seg.syn_opts | ~is_zero(seg.length)),
+            eh.payload.has_payload.eq(_has_options(seg) | ~is_zero(seg.length)),
             oh.payload.dst.eq(seg.dst_ip),
             oh.payload.protocol.eq(PROTO_TCP),
             oh.payload.length.eq(seg_length),

@@ -122,6 +122,9 @@ class TcpConfig:
     initial_window: int = 10  # segments (RFC 6928)
     invalid_ack_interval: float = 0.5  # least time between answers to unacceptable pure ACKs
     window_scaling: bool = True
+    #: Offer SACK-permitted (RFC 2018 section 2). This end takes SACK blocks as plain ACKs: it
+    #: offers them only to see what a peer sends, never using them to choose what to resend.
+    sack_permitted: bool = False
 
     def __post_init__(self):
         if not 64 <= self.mss <= 0xFFFF:
@@ -412,6 +415,7 @@ class TcpConnection:
                 self.rcv_wscale += 1
         self.snd_wscale = 0
         self._wscale_ok = False
+        self._sack_ok = False
         self.send_mss = _DEFAULT_MSS
         # send sequence space: [snd_una, snd_nxt) in flight, snd_max the highest ever sent
         self.iss = stack._isn(local_port, remote_ip, remote_port)
@@ -531,6 +535,7 @@ class TcpConnection:
         self._rcv_adv = self.rcv_nxt
         self.send_mss = max(64, min(self.mss, seg.mss if seg.mss is not None else _DEFAULT_MSS))
         self._wscale_ok = seg.wscale is not None and self.cfg.window_scaling
+        self._sack_ok = seg.sack_permitted and self.cfg.sack_permitted
         if self._wscale_ok:
             self.snd_wscale = min(seg.wscale, 14)
         else:
@@ -547,7 +552,8 @@ class TcpConnection:
         seg = TcpSegment(self.local_port, self.remote_port, self.iss & _MASK,
                          self.rcv_nxt & _MASK if passive else 0, SYN | (ACK if passive else 0),
                          min(self._rcv_window(), 0xFFFF), mss=self.mss,
-                         wscale=self.rcv_wscale if offer else None)
+                         wscale=self.rcv_wscale if offer else None,
+                         sack_permitted=self._sack_ok if passive else self.cfg.sack_permitted)
         self.snd_nxt = self.snd_max = self.iss + 1
         if self._rtt_seq is None and self._retries == 0:
             self._rtt_seq, self._rtt_time = self.iss + 1, self.stack.clock()

@@ -8,8 +8,9 @@ Implements:
 * RFC 1071 / RFC 791: the internet checksum (ones' complement sum of 16-bit words).
 * RFC 792: ICMP echo request and echo reply.
 * RFC 9293 section 3.1 and 3.2: the TCP header, the pseudo-header checksum, and the options
-  End of Option List, No-Operation and Maximum Segment Size; RFC 7323 section 2: Window Scale.
-  Other options (SACK-permitted, SACK, timestamps, ...) are skipped on receive.
+  End of Option List, No-Operation and Maximum Segment Size; RFC 7323 section 2: Window Scale;
+  RFC 2018 section 2: SACK-permitted. Other options (SACK blocks, timestamps, ...) are skipped
+  on receive.
 
 Addresses are ``bytes`` (6 for a MAC, 4 for an IPv4 address); :func:`mac` and :func:`ipv4`
 convert the usual text forms. Every codec is a frozen dataclass with ``encode()`` and a
@@ -58,7 +59,7 @@ ICMP_ECHO_REPLY = 0
 ICMP_ECHO_REQUEST = 8
 FIN, SYN, RST, PSH, ACK, URG, ECE, CWR = (1 << i for i in range(8))
 
-_OPT_EOL, _OPT_NOP, _OPT_MSS, _OPT_WSCALE = 0, 1, 2, 3
+_OPT_EOL, _OPT_NOP, _OPT_MSS, _OPT_WSCALE, _OPT_SACK_OK = 0, 1, 2, 3, 4
 
 
 def mac(value) -> bytes:
@@ -281,7 +282,7 @@ class IcmpEcho:
 
 @dataclass(frozen=True)
 class TcpSegment:
-    """A TCP segment: header fields, MSS and window-scale options, and the payload.
+    """A TCP segment: header fields, MSS, window-scale and SACK-permitted options, the payload.
 
     ``window`` is the raw 16-bit field (unscaled); ``flags`` is the byte of CWR..FIN bits.
     The checksum needs the IPv4 addresses, so ``encode``/``decode`` take them.
@@ -297,6 +298,7 @@ class TcpSegment:
     urgent: int = 0
     mss: int | None = None
     wscale: int | None = None
+    sack_permitted: bool = False
 
     HEADER = 20
 
@@ -312,12 +314,15 @@ class TcpSegment:
             _range(self.wscale, 8, "window scale")
 
     def options(self) -> bytes:
-        """The encoded options: MSS, then NOP + window scale, padded with EOL to 4 bytes."""
+        """The encoded options: MSS, then NOP + window scale, then NOP, NOP + SACK-permitted,
+        padded with EOL to 4 bytes."""
         out = b""
         if self.mss is not None:
             out += struct.pack("!BBH", _OPT_MSS, 4, self.mss)
         if self.wscale is not None:
             out += struct.pack("!BBBB", _OPT_NOP, _OPT_WSCALE, 3, self.wscale)
+        if self.sack_permitted:
+            out += struct.pack("!BBBB", _OPT_NOP, _OPT_NOP, _OPT_SACK_OK, 2)
         return out + bytes(-len(out) % 4)
 
     def encode(self, src_ip: bytes, dst_ip: bytes) -> bytes:
@@ -347,6 +352,7 @@ class TcpSegment:
                 pseudo_header(src_ip, dst_ip, PROTO_TCP, len(data)) + data) != 0:
             raise ChecksumError("TCP checksum")
         mss = wscale = None
+        sack_permitted = False
         opts, i = data[cls.HEADER:hlen], 0
         while i < len(opts):
             kind = opts[i]
@@ -366,5 +372,10 @@ class TcpSegment:
                 if length != 3:
                     raise BadFieldError("window scale option length", length, "not 3")
                 wscale = opts[i + 2]
+            elif kind == _OPT_SACK_OK:
+                if length != 2:
+                    raise BadFieldError("SACK-permitted option length", length, "not 2")
+                sack_permitted = True
             i += length
-        return cls(sport, dport, seq, ack, flags, window, bytes(data[hlen:]), urgent, mss, wscale)
+        return cls(sport, dport, seq, ack, flags, window, bytes(data[hlen:]), urgent, mss, wscale,
+                   sack_permitted)
