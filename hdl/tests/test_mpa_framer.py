@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """FpduFramer against the model's Framer, bit-exact, at widths 1, 8 and 64.
 
 Each FPDU is a random request (ULPDU length, CRC on or off, markers on or off, a stream position
@@ -125,9 +126,13 @@ def test_against_model(n, count, longest, big):
     check(fpdus, packets, lengths)
 
 
+@pytest.mark.parametrize("idle, stall", [(IDLE, STALL), (0, 0), (0, 0.8)],
+                         ids=["random", "full_rate", "stalled"])
 @pytest.mark.parametrize("n", [1, 8, 64])
-def test_every_position(n):
-    """Short FPDUs at every position a marker can take relative to them, markers and CRC on."""
+def test_every_position(n, idle, stall):
+    """Short FPDUs at every position a marker can take relative to them, markers and CRC on:
+    with random idles and stalls, back to back at full rate, and into a mostly stalled output
+    (the CRC FIFO and the CRC engine's output full)."""
     rng = random.Random(100 + n)
     fpdus = []
     for length in (0, 1, 2, 3, 4, 5, 6, 7, 13):
@@ -135,7 +140,7 @@ def test_every_position(n):
             request = {"ulpdu_length": length, "crc": 1, "markers": 1,
                        "position": -offset % 512}
             fpdus.append((request, rng.randbytes(length)))
-    packets, lengths = simulate(n, fpdus, seed=100 + n)
+    packets, lengths = simulate(n, fpdus, seed=100 + n, idle=idle, stall=stall)
     check(fpdus, packets, lengths)
 
 
@@ -210,14 +215,20 @@ def test_throughput(n, count):
                 if last:
                     packets.append(bytes(current))
                     current = bytearray()
+                    if len(packets) == 1:
+                        got["second"] = len(beats)
             cycle += 1
         got["rate"] = len(beats) / (beats[-1] - first + 1)
+        rest = beats[got["second"]:]
+        got["gaps"] = rest[-1] - rest[0] + 1 - len(rest)
         got["packets"] = packets
 
     run(dut, headers, payloads, lengths, sink, name=f"mpa_framer_rate_w{n}")
     assert got["packets"] == [expected(r, p)[0] for r, p in fpdus]
-    print(f"width {n}: {count} FPDUs of 4096 bytes, {got['rate']:.4f} output beats per cycle")
+    print(f"width {n}: {count} FPDUs of 4096 bytes, {got['rate']:.4f} output beats per cycle, "
+          f"{got['gaps']} idle cycles from the second FPDU on")
     assert got["rate"] >= 0.99
+    assert got["gaps"] == 0     # only the first FPDU waits for its CRC
 
 
 @pytest.mark.parametrize("n", [1, 8, 64])
