@@ -1,5 +1,5 @@
 # amaranth: UnusedElaboratable=no
-"""FpduFramer against the model's Framer, bit-exact, at widths 1, 8 and 64.
+"""FpduFramer against the model's Framer, bit-exact, at widths 1, 8 and 64; short FPDUs at all.
 
 Each FPDU is a random request (ULPDU length, CRC on or off, markers on or off, a stream position
 chosen so that a marker lands before the length field, among the ULPDU's words, right after the
@@ -18,6 +18,7 @@ from amaranth.back import verilog
 
 from iwarp_model.wire.fpdu import Framer, fpdu_length, pad_length, wire_length
 from iwarp_nic.mpa import FpduFramer
+from iwarp_nic.stream import DATA_BYTES
 from iwarp_tb import toolchain
 from iwarp_tb.amsim import run
 from iwarp_tb.beats import to_beats
@@ -128,7 +129,7 @@ def test_against_model(n, count, longest, big):
 
 @pytest.mark.parametrize("idle, stall", [(IDLE, STALL), (0, 0), (0, 0.8)],
                          ids=["random", "full_rate", "stalled"])
-@pytest.mark.parametrize("n", [1, 8, 64])
+@pytest.mark.parametrize("n", DATA_BYTES)
 def test_every_position(n, idle, stall):
     """Short FPDUs at every position a marker can take relative to them, markers and CRC on:
     with random idles and stalls, back to back at full rate, and into a mostly stalled output
