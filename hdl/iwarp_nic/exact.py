@@ -8,10 +8,10 @@ some signal). Comparisons and additions with constants therefore go through the 
 the constant's top bit is clear, and state machines are chains of exclusive ``m.If`` blocks.
 """
 
-from amaranth import Cat, Const, Signal, Value
+from amaranth import Cat, Const, Mux, Signal, Value
 
 __all__ = ["mask", "eq", "ne", "lt", "gt", "add", "sub", "wrap_add", "wrap_sub", "is_zero",
-           "select", "Machine"]
+           "select", "Machine", "wire", "shift_right"]
 
 
 def mask(width):
@@ -128,3 +128,19 @@ class Machine:
 
     def goto(self, name):
         self._m.d.sync += self.reg.eq(self._names.index(name))
+
+
+def wire(m, value, name):
+    """A Signal driven by ``value``: the Verilog then writes the logic once, not per use."""
+    out = Signal(len(value), name=name)
+    m.d.comb += out.eq(value)
+    return out
+
+
+def shift_right(m, value, amount, unit, name):
+    """``value`` shifted right by ``amount * unit`` bits, as a log shifter of width-exact
+    2:1 muxes; the result is ``unit * (2**len(amount) - 1)`` bits narrower than ``value``."""
+    for k, bit in enumerate(amount):
+        step = unit << k
+        value = wire(m, Mux(bit, value[step:], value[:len(value) - step]), f"{name}{k}")
+    return value

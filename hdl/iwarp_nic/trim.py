@@ -9,26 +9,10 @@ from amaranth import C, Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .exact import eq, is_zero, mask, sub
+from .exact import eq, is_zero, mask, shift_right, sub, wire
 from .stream import BeatStream, check_data_bytes
 
 __all__ = ["HeadTrim"]
-
-
-def _wire(m, value, name):
-    """A Signal driven by ``value``: the Verilog then writes the logic once, not per use."""
-    wire = Signal(len(value), name=name)
-    m.d.comb += wire.eq(value)
-    return wire
-
-
-def _shift_right(m, value, amount, unit, name):
-    """``value`` shifted right by ``amount * unit`` bits, as a log shifter of width-exact
-    2:1 muxes; the result is ``unit * (2**len(amount) - 1)`` bits narrower than ``value``."""
-    for k, bit in enumerate(amount):
-        step = unit << k
-        value = _wire(m, Mux(bit, value[step:], value[:len(value) - step]), f"{name}{k}")
-    return value
 
 
 class HeadTrim(wiring.Component):
@@ -96,7 +80,7 @@ class HeadTrim(wiring.Component):
         # The next count: from the one-count buffer, else straight from i_count.
         held = Signal(self.count_bits)
         held_valid = Signal()
-        count = _wire(m, Mux(held_valid, held, self.i_count.payload), "count")
+        count = wire(m, Mux(held_valid, held, self.i_count.payload), "count")
 
         # The packet in progress. With `shift` = count % n bytes to drop from the first kept
         # beat, `rot` = (shift - 1) mod n is the right shift, in lanes, of the window made of
@@ -115,13 +99,13 @@ class HeadTrim(wiring.Component):
                 # Counts below n / 2: the top bits of (count - 1) mod n are ones for count 0.
                 rot_new = Cat(sub(count, 1), is_zero(count).replicate(-beat_bits))
             rot = Signal(lanes)
-            rot_now = _wire(m, Mux(body, rot, rot_new), "rot_now")
+            rot_now = wire(m, Mux(body, rot, rot_new), "rot_now")
             passes = eq(rot_now, mask(lanes))   # shift 0: beats pass unchanged
         else:
             passes = C(1)
         if beat_bits > 0:
             skip = Signal(beat_bits)            # whole beats still to drop
-            skip_now = _wire(m, Mux(body, skip, count[lanes:]), "skip_now")
+            skip_now = wire(m, Mux(body, skip, count[lanes:]), "skip_now")
             skipping = ~is_zero(skip_now)
         else:
             skipping = C(0)
@@ -146,16 +130,16 @@ class HeadTrim(wiring.Component):
         # The window: the held beat's lanes 1..n-1, then the new beat (or nothing, for a tail),
         # shifted right by `rot` lanes (the packet's own, or n - 1 for a first beat that passes).
         if lanes:
-            rot_out = _wire(m, Mux(body | pending, rot, Const(mask(lanes), lanes)), "rot_out")
-            tail_keep = _shift_right(m, Cat(beat.keep[1:], C(0, 1)), rot_now, 1, "tail_keep")
+            rot_out = wire(m, Mux(body | pending, rot, Const(mask(lanes), lanes)), "rot_out")
+            tail_keep = shift_right(m, Cat(beat.keep[1:], C(0, 1)), rot_now, 1, "tail_keep")
             has_tail = beat.last & tail_keep
         else:
             rot_out = Const(0, 0)
             has_tail = C(0)
         new_data = Mux(pending, Const(0, 8 * n), beat.data)
         new_keep = Mux(pending, Const(0, n), beat.keep)
-        win_data = _shift_right(m, Cat(carry_data[8:], new_data), rot_out, 8, "win_data")
-        win_keep = _shift_right(m, Cat(carry_keep[1:], new_keep), rot_out, 1, "win_keep")
+        win_data = shift_right(m, Cat(carry_data[8:], new_data), rot_out, 8, "win_data")
+        win_keep = shift_right(m, Cat(carry_keep[1:], new_keep), rot_out, 1, "win_keep")
         last = Mux(pending, 1, beat.last & ~has_tail)
 
         with m.If(out_free):

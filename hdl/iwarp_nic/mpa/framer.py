@@ -34,11 +34,23 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from ..crc import CRC32CEngine
-from ..exact import add, eq, gt, is_zero, lt, mask, select, sub, wrap_add, wrap_sub
+from ..exact import (
+    add,
+    eq,
+    gt,
+    is_zero,
+    lt,
+    mask,
+    select,
+    shift_right,
+    sub,
+    wire,
+    wrap_add,
+    wrap_sub,
+)
 from ..hdrparse import HeaderEmitter, HeaderStream
 from ..headers import Field, Gap, HeaderFormat
 from ..stream import BeatStream, check_data_bytes
-from ..trim import _shift_right, _wire
 
 __all__ = ["ULPDU_LENGTH", "MARKER", "FpduRequest", "MarkerRequest", "CoveredBeat", "UlpduFit",
            "MarkerInserter", "CrcAppender", "FpduFramer"]
@@ -121,13 +133,13 @@ class UlpduFit(wiring.Component):
 
         out_free = ~out.valid | out.ready
         expected = _keep_of(m, real, n, n, "expected")
-        final = _wire(m, ~gt(rem, n), "final")
-        more = _wire(m, gt(real, n), "more")
-        from_input = _wire(m, open_ & ~is_zero(real), "from_input")
+        final = wire(m, ~gt(rem, n), "final")
+        more = wire(m, gt(real, n), "more")
+        from_input = wire(m, open_ & ~is_zero(real), "from_input")
         good = Mux(beat.last, (beat.keep == expected) & ~more, more)
-        err = _wire(m, bad | (from_input & ~good), "err")
-        open_after = _wire(m, Mux(from_input, ~beat.last, open_), "open_after")
-        lanes = _wire(m, beat.keep & expected & from_input.replicate(n), "lanes")
+        err = wire(m, bad | (from_input & ~good), "err")
+        open_after = wire(m, Mux(from_input, ~beat.last, open_), "open_after")
+        lanes = wire(m, beat.keep & expected & from_input.replicate(n), "lanes")
         step = Signal()
         finishing = step & final & ~open_after
         rem_keep = _keep_of(m, rem, n, n, "rem_keep")
@@ -229,7 +241,7 @@ class MarkerInserter(wiring.Component):
         bad = Signal()
 
         out_free = ~out.valid | out.ready
-        marker = _wire(m, MARKER.pack({"fpduptr": ptr & ~lead.replicate(16)}), "marker")
+        marker = wire(m, MARKER.pack({"fpduptr": ptr & ~lead.replicate(16)}), "marker")
         emit = Signal()      # a beat goes out this cycle
         done = Signal()      # ... and it is the FPDU's last
         marked = Signal()    # ... and it completes a marker
@@ -274,7 +286,7 @@ class MarkerInserter(wiring.Component):
         n = self.data_bytes
         beat = self.i.payload
         full = mask(n)
-        in_marker = _wire(m, mk & (is_zero(dist) | gt(dist, MARKER_INTERVAL - _MARKER)),
+        in_marker = wire(m, mk & (is_zero(dist) | gt(dist, MARKER_INTERVAL - _MARKER)),
                           "in_marker")
         index = add(~dist, 1)[n.bit_length() - 1:2]          # the marker's beat being sent
         marker_end = eq(dist, MARKER_INTERVAL - _MARKER + n)  # ... is its last
@@ -306,34 +318,34 @@ class MarkerInserter(wiring.Component):
 
         in_w = [beat.data.word_select(q, 32) for q in range(u)]
         count = select(m, beat.keep, {mask(4 * w): w for w in range(1, u + 1)}, wb, "in_words")
-        here = _wire(m, mk & lt(dist, n), "here")  # a marker starts in this beat, in `lane`
+        here = wire(m, mk & lt(dist, n), "here")  # a marker starts in this beat, in `lane`
         lane = dist[2:2 + wb]                # (only meaningful when `here`)
         if u > 1:
             # The input beat rotated by `held` words: word q is input word (q - held) mod u.
-            rot = _shift_right(m, Cat(*in_w[1:], *in_w), ~held[:u.bit_length() - 1], 32, "rot")
+            rot = shift_right(m, Cat(*in_w[1:], *in_w), ~held[:u.bit_length() - 1], 32, "rot")
             rot_w = [rot.word_select(q, 32) for q in range(u)]
             below = select(m, held, {k: mask(k) for k in range(u)}, u, "below")
             # X: the carried words, then the input beat's (lanes at and past `held`).
-            x = [_wire(m, Mux(below[q], carry.word_select(q, 32), rot_w[q]), f"x{q}")
+            x = [wire(m, Mux(below[q], carry.word_select(q, 32), rot_w[q]), f"x{q}")
                  for q in range(u - 1)]
             x.append(rot_w[u - 1])
-            at = _wire(m, select(m, lane[:u.bit_length() - 1], {d: 1 << d for d in range(u)}, u,
+            at = wire(m, select(m, lane[:u.bit_length() - 1], {d: 1 << d for d in range(u)}, u,
                                  "at_lane") & here.replicate(u), "at")
-            after = _wire(m, select(m, lane[:u.bit_length() - 1],
+            after = wire(m, select(m, lane[:u.bit_length() - 1],
                                     {d: mask(u) & ~mask(d + 1) for d in range(u)}, u,
                                     "after_lane") & here.replicate(u), "after")
-            words = _wire(m, Cat(Mux(at[q], marker, Mux(after[q], x[q - 1], x[q]) if q else x[q])
+            words = wire(m, Cat(Mux(at[q], marker, Mux(after[q], x[q - 1], x[q]) if q else x[q])
                                  for q in range(u)), "words")
             carry_plain = rot[:32 * (u - 1)]
             carry_marked = Cat(x[u - 1], rot[:32 * (u - 2)])
         else:
-            words = _wire(m, Mux(here, marker, beat.data), "words")
+            words = wire(m, Mux(here, marker, beat.data), "words")
 
         # Words available for this beat: the carried ones, and the input beat's unless flushing.
         avail = wrap_add(m, held, count & ~flush.replicate(wb), wb, "avail")
         follows = mk & eq(dist, n)           # a marker starts right after this beat
-        ends = _wire(m, Mux(here, lt(avail, u), lt(avail, u) | (eq(avail, u) & ~follows)), "ends")
-        included = _wire(m, here & (lane <= avail), "included")  # on a last beat: before the end
+        ends = wire(m, Mux(here, lt(avail, u), lt(avail, u) | (eq(avail, u) & ~follows)), "ends")
+        included = wire(m, here & (lane <= avail), "included")  # on a last beat: before the end
         covered = wrap_add(m, avail, included, wb, "covered")
         end_keep = select(m, covered, {c: mask(4 * c) for c in range(1, u + 1)}, n, "end_keep")
         held_after = Mux(here, sub(avail, u - 1), sub(avail, u))
@@ -411,7 +423,7 @@ class CrcAppender(wiring.Component):
         ]
 
         head = layout(fifo.r_data)
-        value = _wire(m, engine.o.payload & head.crc.replicate(32), "value")
+        value = wire(m, engine.o.payload & head.crc.replicate(32), "value")
         tail = Signal(32)                    # CRC bytes still to send, next in lane 0
         tail_n = Signal(range(_CRC + 1))
         tail_err = Signal()
