@@ -11,7 +11,7 @@ the constant's top bit is clear, and state machines are chains of exclusive ``m.
 from amaranth import Cat, Const, Mux, Signal, Value
 
 __all__ = ["mask", "eq", "ne", "lt", "gt", "add", "sub", "wrap_add", "wrap_sub", "is_zero",
-           "select", "Machine", "wire", "shift_right"]
+           "select", "Machine", "wire", "shift_right", "widened"]
 
 
 def mask(width):
@@ -72,6 +72,13 @@ def _inverted(m, b, width, name):
     inv = Signal(width, name=name)
     m.d.comb += inv.eq(~Cat(b, fill.replicate(width - len(b))))
     return inv
+
+
+def widened(m, value, width, name):
+    """The unsigned ``value`` as a ``width``-bit expression that the Verilog keeps that wide (the
+    complement of :func:`_inverted`: a zero-extended operand would be written at its own width,
+    and Verilator rejects the mixed widths)."""
+    return ~_inverted(m, value, width, name)
 
 
 def wrap_add(m, a, b, width, name):

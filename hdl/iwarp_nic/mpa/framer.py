@@ -44,9 +44,9 @@ from ..exact import (
     select,
     shift_right,
     sub,
+    widened,
     wire,
     wrap_add,
-    wrap_sub,
 )
 from ..hdrparse import HeaderEmitter, HeaderStream
 from ..headers import Field, Gap, HeaderFormat
@@ -74,13 +74,6 @@ def CoveredBeat(data_bytes):
     """A beat of an FPDU without its CRC field, and ``crc`` (on every beat): compute the CRC."""
     return StructLayout({"data": 8 * data_bytes, "keep": data_bytes, "last": 1, "err": 1,
                          "crc": 1})
-
-
-def _widened(m, value, width, name):
-    """The unsigned ``value`` as a ``width``-bit expression that the Verilog keeps that wide: the
-    complement of a Signal holding its complement (a zero-extended operand would be written at
-    its own width, and Verilator rejects the mixed widths)."""
-    return ~wrap_sub(m, C(mask(width), width), value, width, name)
 
 
 def _keep_of(m, count, top, data_bytes, name):
@@ -145,7 +138,7 @@ class UlpduFit(wiring.Component):
         rem_keep = _keep_of(m, rem, n, n, "rem_keep")
         length = self.i_length.payload
         pad = select(m, length[:2], {0: 2, 1: 1, 2: 0, 3: 3}, 2, "pad")
-        padded_length = wrap_add(m, _widened(m, length, 17, "length_inv"), pad, 17,
+        padded_length = wrap_add(m, widened(m, length, 17, "length_inv"), pad, 17,
                                  "padded_length")
 
         m.d.comb += [
@@ -568,7 +561,7 @@ class FpduFramer(wiring.Component):
         division by 127 is ``x // 127 = a + (a + b) // 127`` for ``x = 128 a + b``, where
         ``a + b < 256``.
         """
-        length = _widened(m, hdr.ulpdu_length, 17, "wire_length_inv")
+        length = widened(m, hdr.ulpdu_length, 17, "wire_length_inv")
         above = add(length, _LENGTH + _CRC - 1)[2:]             # W - 1, 15 bits
         r = hdr.position[2:]
         r_zero = is_zero(r)
