@@ -1,10 +1,7 @@
-"""Pieces every ECP5 board top shares: the PLL, the CRC soak load, and the build report.
+"""Pieces every ECP5 board top shares: the PLL and the build report.
 
 * :func:`pll_config` computes EHXPLLL dividers for a target frequency and checks every ECP5 limit;
-  :class:`Ecp5Pll` instantiates the PLL with them.
-* :class:`PatternGenerator` is a board-independent source of pseudo-random packets;
-  :class:`CrcSoak` feeds it through the CRC32c engine and folds every result into one register, so
-  that a board top can route a few bits of it to LEDs and synthesis keeps the whole datapath.
+  :class:`Ecp5Pll` instantiates the PLL with them (and, optionally, a phase-shifted copy).
 * :class:`ClockTarget`, :func:`summarise`, :func:`failures` and :func:`format_summary` turn a
   nextpnr ``--report`` file into the project's board report (see :mod:`boards.build`).
 
@@ -15,16 +12,12 @@ import sys
 from dataclasses import dataclass
 from fractions import Fraction
 
-from amaranth import Cat, Const, Instance, Module, Mux, Signal
+from amaranth import Const, Instance, Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from iwarp_nic.crc import CRC32CEngine
-from iwarp_nic.stream import BeatStream, check_data_bytes
-
 __all__ = [
     "PLL_LIMITS", "PllConfig", "pll_config", "Ecp5Pll",
-    "PatternGenerator", "CrcSoak", "fold_step", "xor_fold",
     "ClockTarget", "UTILISATION_CELLS", "summarise", "failures", "format_summary",
 ]
 
@@ -132,26 +125,73 @@ def pll_config(f_in_hz, f_out_hz, *, max_error=0.001) -> PllConfig:
 
 
 class Ecp5Pll(wiring.Component):
-    """An ECP5 EHXPLLL producing one clock, ``clk_out``, from ``clk_in``.
+    """An ECP5 EHXPLLL producing ``clk_out`` from ``clk_in`` and, optionally, a copy of it
+    shifted late by ``shifted_deg`` degrees, ``clk_shifted`` (RGMII's transmit clock wants 90).
 
     ``config`` is a :class:`PllConfig` (from :func:`pll_config`). ``locked`` is the PLL's LOCK
     output, asynchronous to both clocks: synchronise it (e.g. into a reset) before use. The PLL
     runs from power-up; it has no reset input.
+
+    ``clk_shifted`` is CLKOS with CLKOP's divider: its phase against CLKOP is set in eighths of a
+    VCO period (CPHASE whole periods, FPHASE eighths), so ``shifted_deg`` must be a multiple of
+    ``360 / (8 * clkop_div)`` degrees (:class:`ValueError` otherwise; 100 -> 125 MHz has
+    ``clkop_div`` 5, steps of 9 degrees).
+
+    With ``divided_by`` (an integer of 2 or more), ``clk_divided`` is CLKOS2 at ``clk_out``'s
+    frequency divided by it (its divider ``clkop_div * divided_by``, at most 128), in no set
+    phase against the others: for a domain reached through clock-domain crossings only.
     """
 
-    clk_in: In(1)
-    clk_out: Out(1)
-    locked: Out(1)
-
-    def __init__(self, config: PllConfig):
+    def __init__(self, config: PllConfig, *, shifted_deg=None, divided_by=None):
         if not isinstance(config, PllConfig):
             raise TypeError(f"config must be a PllConfig, not {config!r}")
         self.config = config
-        super().__init__()
+        self.shift_eighths = None
+        members = {"clk_in": In(1), "clk_out": Out(1), "locked": Out(1)}
+        if divided_by is not None:
+            if (not isinstance(divided_by, int) or divided_by < 2
+                    or config.clkop_div * divided_by > 128):
+                raise ValueError(f"divided_by must be an integer of 2 or more with CLKOP's "
+                                 f"divider times it at most 128, not {divided_by!r}")
+            members["clk_divided"] = Out(1)
+        self.divided_by = divided_by
+        if shifted_deg is not None:
+            eighths = Fraction(str(shifted_deg)) * 8 * config.clkop_div / 360
+            if eighths.denominator != 1 or not 0 <= eighths < 8 * config.clkop_div:
+                raise ValueError(f"a phase of {shifted_deg} degrees is not a multiple of "
+                                 f"{360 / (8 * config.clkop_div):g} degrees in 0..360")
+            self.shift_eighths = int(eighths)
+            members["clk_shifted"] = Out(1)
+        super().__init__(members)
 
     def elaborate(self, platform):
         c = self.config
         m = Module()
+        # Coarse phase of half an output period, as Lattice's tools set it; CLKOP is also the
+        # feedback, so the loop aligns it to CLKI whatever this value is.
+        cphase = c.clkop_div // 2
+        outputs = {}                    # CLKOS and CLKOS2, when used
+        if self.shift_eighths is not None:
+            outputs.update(
+                a_FREQUENCY_PIN_CLKOS=f"{float(c.f_out) / 1e6:.6f}",
+                p_OUTDIVIDER_MUXB="DIVB",
+                p_CLKOS_ENABLE="ENABLED",
+                p_CLKOS_DIV=c.clkop_div,
+                p_CLKOS_CPHASE=cphase + self.shift_eighths // 8,
+                p_CLKOS_FPHASE=self.shift_eighths % 8,
+                o_CLKOS=self.clk_shifted,
+            )
+        if self.divided_by is not None:
+            div = c.clkop_div * self.divided_by
+            outputs.update(
+                a_FREQUENCY_PIN_CLKOS2=f"{float(c.f_out / self.divided_by) / 1e6:.6f}",
+                p_OUTDIVIDER_MUXC="DIVC",
+                p_CLKOS2_ENABLE="ENABLED",
+                p_CLKOS2_DIV=div,
+                p_CLKOS2_CPHASE=div // 2,
+                p_CLKOS2_FPHASE=0,
+                o_CLKOS2=self.clk_divided,
+            )
         m.submodules.pll = Instance(
             "EHXPLLL",
             a_FREQUENCY_PIN_CLKI=f"{float(c.f_in) / 1e6:.6f}",
@@ -169,9 +209,7 @@ class Ecp5Pll(wiring.Component):
             p_CLKI_DIV=c.clki_div,
             p_CLKFB_DIV=c.clkfb_div,
             p_CLKOP_DIV=c.clkop_div,
-            # Coarse phase of half an output period, as Lattice's tools set it; CLKOP is also
-            # the feedback, so the loop aligns it to CLKI whatever this value is.
-            p_CLKOP_CPHASE=c.clkop_div // 2,
+            p_CLKOP_CPHASE=cphase,
             p_CLKOP_FPHASE=0,
             p_FEEDBK_PATH="CLKOP",
             i_CLKI=self.clk_in,
@@ -187,169 +225,8 @@ class Ecp5Pll(wiring.Component):
             i_ENCLKOP=Const(0),
             o_CLKOP=self.clk_out,
             o_LOCK=self.locked,
+            **outputs,
         )
-        return m
-
-
-# ---------------------------------------------------------------------------------------------
-# Load: pattern generator, CRC engine, fold
-
-_MASK64 = (1 << 64) - 1
-
-
-def _xorshift64(x):
-    """Marsaglia's xorshift64 (13, 7, 17): a full-period linear (LFSR-class) generator."""
-    x ^= (x << 13) & _MASK64
-    x ^= x >> 7
-    x ^= (x << 17) & _MASK64
-    return x
-
-
-def _xorshift64_hw(x):
-    """:func:`_xorshift64` on a 64-bit Amaranth value."""
-    a = x ^ (x << 13)[:64]
-    b = a ^ (a >> 7)
-    return b ^ (b << 17)[:64]
-
-
-def _splitmix64(seed, index):
-    """A well-mixed non-zero 64-bit word for ``(seed, index)``: distinct generator states."""
-    z = (seed * 0x9E3779B97F4A7C15 + (index + 1) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (z ^ (z >> 31)) or 1
-
-
-class PatternGenerator(wiring.Component):
-    """An endless stream of pseudo-random packets of 1..``max_len`` bytes.
-
-    Payload bytes come from xorshift64 generators (one per 64 data bits) stepped once per
-    transfer; packet lengths from another one stepped once per packet. A 14-bit draw ``r`` for
-    ``max_len`` = 9000 becomes ``r + 1`` when ``r < max_len`` and ``(r - 2**13) + 1`` otherwise,
-    so every length in 1..``max_len`` occurs (lengths up to 2**13 slightly more often).
-
-    Contract:
-
-    * ``o`` obeys the stream rules of :mod:`iwarp_nic.stream`: ``keep`` is all ones except on
-      ``last`` beats, where it is contiguous from lane 0 and non-zero;
-    * ``o.valid`` is always high; one beat per cycle while ``o.ready`` is high, and ``o.payload``
-      holds still while ``o.ready`` is low;
-    * the sequence depends only on ``seed`` (any integer), not on back-pressure.
-
-    Parameters
-    ----------
-    data_bytes : int
-        Beat width, one of :data:`iwarp_nic.stream.DATA_BYTES`.
-    max_len : int
-        Longest packet in bytes, 1..65535.
-    seed : int
-        Selects the sequence.
-    """
-
-    def __init__(self, data_bytes, *, max_len=9000, seed=1):
-        self.data_bytes = check_data_bytes(data_bytes)
-        if not isinstance(max_len, int) or not 1 <= max_len <= 0xFFFF:
-            raise ValueError(f"max_len must be an integer in 1..65535, not {max_len!r}")
-        if not isinstance(seed, int):
-            raise TypeError(f"seed must be an integer, not {seed!r}")
-        self.max_len = max_len
-        self.seed = seed
-        super().__init__({"o": Out(BeatStream(data_bytes))})
-
-    def _length(self, r):
-        """Map a draw ``r`` in 0..2**bits-1 to a length in 1..max_len (Python or Amaranth)."""
-        top = 1 << (self.max_len.bit_length() - 1)
-        if isinstance(r, int):
-            return (r if r < self.max_len else r - top) + 1
-        return Mux(r < self.max_len, r, r - top)[:self.max_len.bit_length()] + 1
-
-    def elaborate(self, platform):
-        m = Module()
-        n = self.data_bytes
-        bits = self.max_len.bit_length()
-
-        lanes = [Signal(64, name=f"lane{i}", init=_splitmix64(self.seed, i))
-                 for i in range((8 * n + 63) // 64)]
-        # The length generator's reset state is one step past the draw that sized packet 1.
-        len_seed = _splitmix64(self.seed, len(lanes))
-        len_rng = Signal(64, init=_xorshift64(len_seed))
-        remaining = Signal(range(self.max_len + 1),
-                           init=self._length(len_seed & ((1 << bits) - 1)))
-        next_len = Signal.like(remaining)
-        m.d.comb += next_len.eq(self._length(len_rng[:bits]))
-
-        last = Signal()
-        m.d.comb += last.eq(remaining <= n)
-        keep = Signal(n)
-        if n == 1:
-            m.d.comb += keep.eq(1)
-        else:
-            # On the last beat `remaining` is 1..n; n itself has zero low bits and keeps all lanes.
-            with m.Switch(Mux(last, remaining[:(n - 1).bit_length()], 0)):
-                with m.Case(0):
-                    m.d.comb += keep.eq((1 << n) - 1)
-                for k in range(1, n):
-                    with m.Case(k):
-                        m.d.comb += keep.eq((1 << k) - 1)
-
-        m.d.comb += [
-            self.o.valid.eq(1),
-            self.o.payload.data.eq(Cat(*lanes)[:8 * n]),
-            self.o.payload.keep.eq(keep),
-            self.o.payload.last.eq(last),
-        ]
-        with m.If(self.o.ready):
-            m.d.sync += [lane.eq(_xorshift64_hw(lane)) for lane in lanes]
-            with m.If(last):
-                m.d.sync += [remaining.eq(next_len), len_rng.eq(_xorshift64_hw(len_rng))]
-            with m.Else():
-                m.d.sync += remaining.eq(remaining - n)
-        return m
-
-
-def fold_step(acc, value):
-    """The fold :class:`CrcSoak` applies per result: rotate a 32-bit ``acc`` left by one, XOR."""
-    return (((acc << 1) | (acc >> 31)) & 0xFFFF_FFFF) ^ value
-
-
-def xor_fold(value, width):
-    """XOR the ``width``-bit slices of an Amaranth value together (its top slice zero-padded)."""
-    parts = [value[i:i + width] for i in range(0, len(value), width)]
-    result = parts[0]
-    for part in parts[1:]:
-        result = result ^ part
-    return result
-
-
-class CrcSoak(wiring.Component):
-    """:class:`PatternGenerator` into ``CRC32CEngine``, every CRC folded into ``fold``.
-
-    After each result ``crc`` the engine delivers, ``fold`` becomes ``fold_step(fold, crc)``
-    (starting from 0) and ``packets`` counts it (wrapping at 2**32). The engine's result stream is
-    always ready. ``gen`` and ``crc`` are the two submodules, exposed for testbenches.
-
-    Parameters are those of :class:`PatternGenerator`.
-    """
-
-    fold: Out(32)
-    packets: Out(32)
-
-    def __init__(self, data_bytes, *, max_len=9000, seed=1):
-        self.gen = PatternGenerator(data_bytes, max_len=max_len, seed=seed)
-        self.crc = CRC32CEngine(data_bytes)
-        super().__init__()
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.gen = self.gen
-        m.submodules.crc = self.crc
-        wiring.connect(m, self.gen.o, self.crc.i)
-        m.d.comb += self.crc.o.ready.eq(1)
-        with m.If(self.crc.o.valid):
-            m.d.sync += [
-                self.fold.eq(self.fold.rotate_left(1) ^ self.crc.o.payload),
-                self.packets.eq(self.packets + 1),
-            ]
         return m
 
 
@@ -364,7 +241,8 @@ UTILISATION_CELLS = {"LUT4": "TRELLIS_COMB", "FF": "TRELLIS_FF", "EBR": "DP16KD"
 @dataclass(frozen=True)
 class ClockTarget:
     """A clock the board report checks: ``name`` in the report, the ``net`` that carries it (the
-    name of the top's Signal, which nextpnr keeps), and its target in Hz."""
+    name of a Signal of the top, which nextpnr keeps, possibly behind a submodule prefix), and
+    its target in Hz."""
 
     name: str
     net: str
@@ -372,10 +250,12 @@ class ClockTarget:
 
 
 def _fmax_entry(fmax, net):
-    """nextpnr's fmax record for ``net``: an exact name, or one nextpnr decorated (``$glbnet$``)."""
+    """nextpnr's fmax record for ``net``: an exact name, or the only one that is ``net`` once
+    nextpnr's decoration (``$glbnet$``) and a hierarchy prefix (``submodule.``, the name yosys may
+    keep for a net after flattening) are taken off."""
     if net in fmax:
         return fmax[net]
-    matches = [v for k, v in fmax.items() if k.rsplit("$", 1)[-1] == net]
+    matches = [v for k, v in fmax.items() if k.rsplit("$", 1)[-1].rsplit(".", 1)[-1] == net]
     return matches[0] if len(matches) == 1 else None
 
 

@@ -8,6 +8,8 @@ some signal). Comparisons and additions with constants therefore go through the 
 the constant's top bit is clear, and state machines are chains of exclusive ``m.If`` blocks.
 """
 
+from contextlib import contextmanager
+
 from amaranth import Cat, Const, Mux, Signal, Value
 
 __all__ = ["mask", "eq", "ne", "lt", "gt", "add", "sub", "wrap_add", "wrap_sub", "is_zero",
@@ -122,19 +124,58 @@ class Machine:
     """A state machine over named states, as exclusive ``m.If`` blocks (no ``case`` statement).
 
     ``with machine.state("NAME"):`` opens a state's body (the first of ``names`` is the reset
-    state); ``machine.goto("NAME")`` moves to a state at the next clock edge.
+    state); ``machine.goto("NAME")`` moves to a state at the next clock edge (the last
+    ``goto`` executed in a cycle wins). The state register ``reg`` is binary, or with
+    ``onehot=True`` one bit per state: a state's body then depends on one flip-flop, and each
+    bit's next value only on the states that go to it (the ``goto`` of a state choose among
+    themselves, not among every ``goto`` of the machine). A one-hot machine's ``goto`` must be
+    inside a ``state`` body, and :meth:`done` must follow the last one.
     """
 
-    def __init__(self, m, names, name):
+    def __init__(self, m, names, name, *, onehot=False):
         self._m = m
         self._names = list(names)
-        self.reg = Signal(range(len(self._names)), name=name)
+        self._onehot = onehot
+        self._next = {}             # one-hot: a state's choice of the next state
+        self._current = None
+        if onehot:
+            self.reg = Signal(len(self._names), name=name, init=1)
+        else:
+            self.reg = Signal(range(len(self._names)), name=name)
 
+    @contextmanager
     def state(self, name):
-        return self._m.If(eq(self.reg, self._names.index(name)))
+        index = self._names.index(name)
+        if not self._onehot:
+            with self._m.If(eq(self.reg, index)):
+                yield
+            return
+        with self._m.If(self.reg[index]):
+            if name not in self._next:
+                self._next[name] = Signal(len(self._names), name=f"{self.reg.name}_{name}_next")
+            self._m.d.comb += self._next[name].eq(Const(1 << index, len(self._names)))
+            outer, self._current = self._current, name
+            try:
+                yield
+            finally:
+                self._current = outer
 
     def goto(self, name):
-        self._m.d.sync += self.reg.eq(self._names.index(name))
+        index = self._names.index(name)
+        if not self._onehot:
+            self._m.d.sync += self.reg.eq(index)
+            return
+        if self._current is None:
+            raise RuntimeError("a one-hot Machine's goto must be inside a state body")
+        self._m.d.comb += self._next[self._current].eq(Const(1 << index, len(self._names)))
+
+    def done(self):
+        """One-hot only: the register takes the choice of the state it is in."""
+        if self._onehot:
+            n = len(self._names)
+            self._m.d.sync += self.reg.eq(Cat(*(
+                Cat(*(self.reg[self._names.index(s)] & nxt[k]
+                      for s, nxt in self._next.items())).any() for k in range(n))))
 
 
 def wire(m, value, name):

@@ -10,20 +10,28 @@
   passes the stack's TCP ports through; a TCP node attaches its engine to them instead.
 * :class:`IpNode`: :class:`MacIp` with the TCP ports outside, for testbenches that play TCP.
 
-One clock domain, ``sync``, for the MAC and the stack (the MAC's clock-domain crossing is left
-out: see :mod:`iwarp_nic.eth.mac`).
+Clock domains. By default one, ``sync``, for the MAC and the stack, at the same width. With
+``mac_bytes`` narrower than ``data_bytes`` (GMII's one byte under a two-byte core: 125 MHz on
+the line, 62.5 MHz in the core), the MAC runs at its own width in a domain of its own, ``mac``,
+and the frames cross (:mod:`iwarp_nic.eth.cdc`) with the width converters of
+:mod:`iwarp_nic.width` on the MAC's side::
+
+  PHY pins ─ MAC ─ BeatUpsizer ─ MacRxCrossing ─── IpStack (sync)
+     (mac)     ─ BeatDownsizer ─ MacTxCrossing ───
 """
 
-from amaranth import Module
+from amaranth import DomainRenamer, Module
 from amaranth.lib import wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from .eth import GmiiMac, XgmiiMac
+from .eth.cdc import MacRxCrossing, MacTxCrossing
 from .fifo import PacketFifo
 from .ip import IpStack
 from .ip.stack import COUNTERS
-from .stream import BeatLayout
+from .stream import BeatLayout, SkidBuffer
+from .width import BeatDownsizer, BeatUpsizer
 
 __all__ = ["mac_for", "forward", "MacIp", "IpNode", "TcpNode", "TCP_PORTS"]
 
@@ -75,18 +83,46 @@ class MacIp:
       turned out bad) is dropped there and never sent. The stack must not send a frame longer
       than the MAC's ``max_frame`` (it would never be whole: the FIFO would lock up).
 
+    With ``mac_bytes`` (narrower than ``data_bytes``) the MAC is of that width, in the ``mac``
+    domain, and the FIFOs are the crossings of :mod:`iwarp_nic.eth.cdc`, each two maximum
+    frames deep, with a :class:`~iwarp_nic.width.BeatUpsizer` before the RX one and a
+    :class:`~iwarp_nic.width.BeatDownsizer` after the TX one, both in ``mac``:
+
+    * RX: the crossing never stalls the MAC; a frame that finds it full is cut and counted in
+      ``rx_crossing_overflows`` (an extra member, in the ``mac`` domain). The core must take
+      the line's bytes at the line's rate on average: ``data_bytes`` times its clock at least
+      ``mac_bytes`` times the MAC's (62.5 MHz at two bytes for GMII's 125 MHz at one).
+    * TX: a frame crosses whole before the MAC starts it, as from the FIFO; a frame the stack
+      aborts is sent with its FCS inverted (:class:`~iwarp_nic.eth.TxFramer`), so receivers
+      drop it, instead of being dropped here.
+    * The MAC's pins and counters are in the ``mac`` domain, the stack's counters in ``sync``.
+
     Contracts are otherwise those of the MAC (:class:`~iwarp_nic.eth.MacComponent`) and the
-    stack; the FIFOs add a cycle or two of latency, and on TX the time to store the frame.
+    stack; the FIFOs add a cycle or two of latency (the crossings two or three cycles of the
+    receiving clock), and on TX the time to store the frame (plus one cycle for a skid buffer
+    in front of the TX FIFO, which keeps the FIFO's ready out of the stack's TX path).
     """
 
-    def __init__(self, data_bytes, **ip_params):
-        self.mac = mac_for(data_bytes)
+    def __init__(self, data_bytes, *, mac_bytes=None, **ip_params):
+        self.crossing = mac_bytes is not None and mac_bytes != data_bytes
+        self.mac_bytes = mac_bytes if self.crossing else data_bytes
+        mac = mac_for(self.mac_bytes)
+        if self.crossing and not self.mac_bytes < data_bytes:
+            raise ValueError(f"mac_bytes ({mac_bytes}) must be at most data_bytes "
+                             f"({data_bytes})")
+        self.mac = DomainRenamer("mac")(mac) if self.crossing else mac
         self.stack = IpStack(data_bytes, **ip_params)
         self.data_bytes = data_bytes
-        self.longest = -(-(self.mac.max_frame - 4) // data_bytes)  # beats of a frame, no FCS
-        self.tx_fifo = PacketFifo(data_bytes, 2 * self.longest, overflow="stall")
-        mac_ports = {name: member for name, member in self.mac.signature.members.items()
+        self.longest = -(-(mac.max_frame - 4) // data_bytes)  # beats of a frame, no FCS
+        if self.crossing:
+            self.rx_crossing = MacRxCrossing(data_bytes)
+            self.tx_crossing = MacTxCrossing(data_bytes)
+        else:
+            self.tx_fifo = PacketFifo(data_bytes, 2 * self.longest, overflow="stall")
+        mac_ports = {name: member for name, member in mac.signature.members.items()
                      if name not in ("i", "o")}
+        if self.crossing:
+            mac_ports["rx_crossing_overflows"] = Out(32)
         stack_ports = {name: self.stack.signature.members[name]
                        for name in ("mac", "ip", *COUNTERS)}
         clash = set(mac_ports) & set(stack_ports)
@@ -99,22 +135,60 @@ class MacIp:
         """Add the MAC and the stack to ``m`` and connect them to ``node``'s :attr:`members`."""
         m.submodules.mac = mac = self.mac
         m.submodules.ip = stack = self.stack
+        # A skid buffer between the stack and the TX FIFO or crossing, so that its ready (a free
+        # count) does not run back through the stack's TX arbiters into its blocks.
+        m.submodules.tx_skid = tx_skid = SkidBuffer(stack.o.payload.shape())
+        wiring.connect(m, stack.o, tx_skid.i)
+        if self.crossing:
+            self._wire_crossing(m, node, tx_skid)
+        else:
+            self._wire_fifos(m, tx_skid)
+        for block, ports in ((mac, self._mac_ports), (stack, self._stack_ports)):
+            for name, member in ports.items():
+                if name == "rx_crossing_overflows":
+                    continue
+                outer, inner = getattr(node, name), getattr(block, name)
+                m.d.comb += inner.eq(outer) if member.flow == In else outer.eq(inner)
+
+    def _wire_crossing(self, m, node, tx_skid):
+        mac, stack = self.mac, self.stack
+        up = DomainRenamer("mac")(BeatUpsizer(self.mac_bytes, self.data_bytes, err=True))
+        down = DomainRenamer("mac")(BeatDownsizer(self.data_bytes, self.mac_bytes, err=True))
+        m.submodules.rx_upsizer, m.submodules.tx_downsizer = up, down
+        m.submodules.rx_crossing = rx = self.rx_crossing
+        m.submodules.tx_crossing = tx = self.tx_crossing
+        wiring.connect(m, mac.o, up.i)
+        wiring.connect(m, up.o, rx.i)
+        wiring.connect(m, rx.o, stack.i)
+        wiring.connect(m, tx_skid.o, tx.i)
+        # Skid buffers between the crossing and the downsizer, so that the FIFO's read enable
+        # is a register, not the downsizer's choice of its last narrow beat,
+        m.submodules.tx_mac_skid = tx_mac_skid = DomainRenamer("mac")(
+            SkidBuffer(BeatLayout(self.data_bytes, err=True)))
+        wiring.connect(m, tx.o, tx_mac_skid.i)
+        wiring.connect(m, tx_mac_skid.o, down.i)
+        # And one before the MAC, so the framer's decisions start from registers, not from the
+        # downsizer's choice of lanes.
+        m.submodules.tx_line_skid = tx_line_skid = DomainRenamer("mac")(
+            SkidBuffer(BeatLayout(self.mac_bytes, err=True)))
+        wiring.connect(m, down.o, tx_line_skid.i)
+        wiring.connect(m, tx_line_skid.o, mac.i)
+        m.d.comb += node.rx_crossing_overflows.eq(rx.overflows)
+
+    def _wire_fifos(self, m, tx_skid):
+        mac, stack = self.mac, self.stack
         m.submodules.tx_fifo = self.tx_fifo
         m.submodules.rx_fifo = rx_fifo = SyncFIFOBuffered(
             width=BeatLayout(self.data_bytes, err=True).size, depth=self.longest)
         m.d.comb += [rx_fifo.w_data.eq(mac.o.payload), rx_fifo.w_en.eq(mac.o.valid),
                      mac.o.ready.eq(rx_fifo.w_rdy), stack.i.payload.eq(rx_fifo.r_data),
                      stack.i.valid.eq(rx_fifo.r_rdy), rx_fifo.r_en.eq(stack.i.ready)]
-        wiring.connect(m, stack.o, self.tx_fifo.i)
+        wiring.connect(m, tx_skid.o, self.tx_fifo.i)
         tx = self.tx_fifo.o
         m.d.comb += [mac.i.payload.data.eq(tx.payload.data),
                      mac.i.payload.keep.eq(tx.payload.keep),
                      mac.i.payload.last.eq(tx.payload.last), mac.i.valid.eq(tx.valid),
                      tx.ready.eq(mac.i.ready)]
-        for block, ports in ((self.mac, self._mac_ports), (self.stack, self._stack_ports)):
-            for name, member in ports.items():
-                outer, inner = getattr(node, name), getattr(block, name)
-                m.d.comb += inner.eq(outer) if member.flow == In else outer.eq(inner)
 
 
 class IpNode(wiring.Component):
@@ -133,12 +207,12 @@ class IpNode(wiring.Component):
         ``tx_underruns``) and the stack's (``eth_runt``, ..., ``icmp_replies``, ...).
 
     Latency and throughput are the sums of the MAC's and the stack's; raises ``ValueError`` for
-    a width with no MAC.
+    a width with no MAC. ``mac_bytes``: a narrower MAC in its own domain (:class:`MacIp`).
     """
 
-    def __init__(self, data_bytes, **ip_params):
+    def __init__(self, data_bytes, *, mac_bytes=None, **ip_params):
         self.data_bytes = data_bytes
-        self._core = MacIp(data_bytes, **ip_params)
+        self._core = MacIp(data_bytes, mac_bytes=mac_bytes, **ip_params)
         stack = self._core.stack.signature.members
         super().__init__({**self._core.members, **{name: stack[name] for name in TCP_PORTS}})
 
@@ -160,15 +234,16 @@ class TcpNode(wiring.Component):
     counters), then the :class:`~iwarp_nic.tcp.engine.TcpEngine`'s host side unchanged
     (``i_cmd``, ``o_event``, ``i_tx_header``, ``i_tx``, ``o_rx_header``, ``o_rx``,
     ``isn_key``, ``hash_key``, ``stat_conn``, ``stat_*``) and its counters as ``tcp_<name>``.
-    ``engine`` parameters go to the engine, ``ip_params`` to the IP layer.
+    ``engine`` parameters go to the engine, ``ip_params`` to the IP layer; ``mac_bytes`` is
+    :class:`MacIp`'s (a narrower MAC in its own domain).
     """
 
-    def __init__(self, data_bytes, *, engine=None, **ip_params):
+    def __init__(self, data_bytes, *, mac_bytes=None, engine=None, **ip_params):
         from .tcp.engine import COUNTERS as TCP_COUNTERS
         from .tcp.engine import TcpEngine
 
         self.data_bytes = data_bytes
-        self._core = MacIp(data_bytes, **ip_params)
+        self._core = MacIp(data_bytes, mac_bytes=mac_bytes, **ip_params)
         self.engine = TcpEngine(data_bytes, **(engine or {}))
         self._counters = TCP_COUNTERS
         host = {name: member for name, member in self.engine.signature.members.items()

@@ -25,6 +25,7 @@ def tops():
     from .tcp.isn import IsnGenerator
     from .tcp.lookup import ConnLookup
     from .trim import HeadTrim
+    from .width import BeatDownsizer, BeatUpsizer
 
     tops = {}
     for n in (1, 8, 64):
@@ -42,6 +43,10 @@ def tops():
         tops[f"iwarp_mac_tx_cdc_w{n}"] = lambda n=n: MacTxCrossing(n)
         tops[f"iwarp_ip_node_w{n}"] = lambda n=n: IpNode(n)
         tops[f"iwarp_tcp_node_w{n}"] = lambda n=n: TcpNode(n)
+    # The ECPIX-5's arrangement: a two-byte node behind a GMII MAC in a domain of its own.
+    tops["iwarp_tcp_node_w2_gmii"] = lambda: TcpNode(2, mac_bytes=1)
+    tops["iwarp_beat_upsizer_w1_w8"] = lambda: BeatUpsizer(1, 8, err=True)
+    tops["iwarp_beat_downsizer_w8_w1"] = lambda: BeatDownsizer(8, 1, err=True)
     tops["iwarp_tcp_isn"] = lambda: IsnGenerator(156_250_000)
     tops["iwarp_tcp_lookup_c256"] = lambda: ConnLookup(256)
     tops["iwarp_skid_u32"] = lambda: SkidBuffer(unsigned(32))

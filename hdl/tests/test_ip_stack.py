@@ -27,7 +27,7 @@ from iwarp_tb.beats import Beat, Packet, from_beats
 from iwarp_tb.streams import AmaranthBus, StreamPort, send, send_packets
 
 IDLE = STALL = 0.25
-WIDTHS = (1, 8, 64)
+WIDTHS = (1, 2, 8, 64)  # 2: the ECPIX-5 server's width
 OUR_MAC, OUR_IP = "02:00:00:00:00:01", "10.0.0.1"
 PEER_MAC, PEER_IP = "02:00:00:00:00:02", "10.0.0.2"
 MAC2, IP2 = "02:00:00:00:00:03", "10.0.0.3"

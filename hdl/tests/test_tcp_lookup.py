@@ -79,14 +79,14 @@ class Model:
         chain = self.chain(key)
         if key in self.conn_of:
             conn = self.conn_of[key]
-            return (1, conn), 3 + chain.index(conn)
-        return (0, 0), 2 + len(chain)
+            return (1, conn), 5 + chain.index(conn)
+        return (0, 0), 4 + len(chain)
 
     def insert(self, key, conn):
         assert key not in self.conn_of and conn not in self.key_of, "test broke the contract"
         self.chain(key).insert(0, conn)
         self.conn_of[key], self.key_of[conn] = conn, key
-        return 2
+        return 4
 
     def remove(self, conn):
         if conn not in self.key_of:
@@ -290,8 +290,10 @@ def test_random(conns, buckets, ops):
     stats = driver.stats
     assert driver.answers == stats["hit"] + stats["miss"]
     # The mix exercised what it should: hits, misses, both updates, and (with tiny bucket
-    # counts) chains longer than one.
-    assert min(stats["hit"], stats["miss"], stats["insert"], stats["remove"]) > ops // 40, stats
+    # counts) chains longer than one. (With one connection hits are rare: the key a lookup
+    # draws is often removed before the lookup's turn, the more so the longer a lookup takes.)
+    assert min(stats["miss"], stats["insert"], stats["remove"]) > ops // 40, stats
+    assert stats["hit"] > (ops // 40 if conns > 1 else 0), stats
     if buckets == 2 and conns > 1:
         assert stats["longest"] >= conns // 3, stats
 
@@ -305,7 +307,7 @@ def test_back_to_back():
 def test_large():
     """1024 connections (the default 2048 buckets): a fill-up, then the random mix."""
     driver = simulate(1024, None, 2500, seed=11)
-    assert driver.stats["hit"] > 200 and len(driver.model.key_of) > 300, driver.stats
+    assert driver.stats["hit"] > 200 and len(driver.model.key_of) > 150, driver.stats
 
 
 def test_reset_empties():
@@ -377,8 +379,8 @@ def test_broken_contract_ends():
         await do("lookup", key=k3)
 
     run(dut, bench)
-    assert answers[0] == (0, 0, 2 + conns)
-    assert answers[1] == (1, 2, 3)
+    assert answers[0] == (0, 0, 4 + conns)
+    assert answers[1] == (1, 2, 5)
     assert answers[2][:2] == (0, 0)
     assert answers[3][:2] == (1, 1)
 

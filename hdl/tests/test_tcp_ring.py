@@ -21,7 +21,7 @@ from iwarp_tb.amsim import run
 from iwarp_tb.streams import AmaranthBus, StreamPort, recv, recv_packets, send, send_packets
 
 IDLE = STALL = 0.3
-WIDTHS = (1, 8, 64)
+WIDTHS = (1, 2, 8, 64)  # 2: the ECPIX-5 server's width
 CONNS = 3
 
 

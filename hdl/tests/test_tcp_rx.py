@@ -28,7 +28,7 @@ from iwarp_tb.beats import Beat, Packet, from_beats
 from iwarp_tb.streams import AmaranthBus, StreamPort, send, send_packets
 
 IDLE = STALL = 0.25
-WIDTHS = (1, 8, 64)
+WIDTHS = (1, 2, 8, 64)  # 2: the ECPIX-5 server's width
 PEER, US = "10.0.0.2", "10.0.0.1"
 WELL_FORMED = [
     [],

@@ -9,8 +9,10 @@ from .toolchain import BUILD
 __all__ = ["run"]
 
 
-def run(dut, *testbenches, name=None, vcd=None, clock_period=8e-9):
+def run(dut, *testbenches, name=None, vcd=None, clock_period=8e-9, clocks=None):
     """Simulate ``dut`` with a ``sync`` clock until every testbench returns.
+
+    ``clocks`` adds clocks for other domains: ``{domain: period}`` (in seconds).
 
     Each testbench is ``async def tb(ctx)``. A VCD is written to ``build/amsim/<name>.vcd`` when
     ``vcd`` is true, or when the environment sets ``IWARP_VCD=1``. Hangs are caught by the
@@ -18,6 +20,8 @@ def run(dut, *testbenches, name=None, vcd=None, clock_period=8e-9):
     """
     sim = Simulator(dut)
     sim.add_clock(clock_period)
+    for domain, period in (clocks or {}).items():
+        sim.add_clock(period, domain=domain)
     for tb in testbenches:
         sim.add_testbench(tb)
     if vcd is None:

@@ -142,9 +142,10 @@ class MacTxCrossing(wiring.Component):
     second small ``AsyncFIFO``; the MAC side starts a frame when its count has crossed and the
     beat FIFO shows at least that many beats readable.
 
-    Latency: when the MAC side is idle, a frame's first beat is offered at the third MAC clock
-    edge after the core edge that took its last beat (two synchroniser stages, then the start
-    register). Throughput: one beat per cycle on each side.
+    Latency: when the MAC side is idle, a frame's first beat is offered at the fourth MAC clock
+    edge after the core edge that took its last beat (two synchroniser stages, the registered
+    check, then the start register). Throughput: one beat per cycle on each side, with at
+    least two idle MAC cycles between frames.
 
     Parameters
     ----------
@@ -192,15 +193,21 @@ class MacTxCrossing(wiring.Component):
         # MAC side: start a frame once its count and all its beats have crossed. The count and
         # the beats cross through separate synchronisers that may resolve a cycle apart in
         # hardware (never in simulation), hence the check of the beat FIFO's level.
+        # The check is registered (`whole`), made only while no frame is being sent and none
+        # starts: the FIFO's level and the count are then both about the frame at the head.
         sending = Signal()
+        whole = Signal()
         view = Signal(layout)
         m.d.comb += view.eq(fifo.r_data)
+        mac += whole.eq(0)
         with m.If(sending):
             m.d.comb += [self.o.valid.eq(fifo.r_rdy), self.o.payload.eq(view),
                          fifo.r_en.eq(self.o.ready)]
             with m.If(self.o.valid & self.o.ready & view.last):
                 mac += sending.eq(0)
-        with m.Elif(lengths.r_rdy & (fifo.r_level >= lengths.r_data)):
+        with m.Elif(whole):
             m.d.comb += lengths.r_en.eq(1)
             mac += sending.eq(1)
+        with m.Else():
+            mac += whole.eq(lengths.r_rdy & (fifo.r_level >= lengths.r_data))
         return m

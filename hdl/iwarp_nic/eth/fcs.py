@@ -315,7 +315,7 @@ class RxChecker(wiring.Component):
         flush = Signal()  # the frame's final beat is in acc, its FCS and flags are held
         held_fcs = Signal(32)
         held_flags = Signal(3)
-        count = Signal(15)  # frame bytes delivered so far, saturating
+        seen = Signal(15)  # frame bytes taken so far (delivered or in acc), saturating
         lanes = select(m, run.n, {j: mask(j) for j in range(n + 1)}, n, "run_lanes")
         fresh = Cat(run.data.word_select(j, 8) & lanes[j].replicate(8) for j in range(n))
         combined = Signal(8 * cap)
@@ -323,15 +323,16 @@ class RxChecker(wiring.Component):
                                                         for s in range(n + _FCS + 1)},
                                              8 * cap, "placed"))
         total = Signal(15)  # bytes in acc and the run together
-        m.d.comb += total.eq(acc_n + _widen(m, run.n, 15, "run_n"))
+        run_n = _widen(m, run.n, 15, "run_n")
+        m.d.comb += total.eq(acc_n + run_n)
         # At the end of a frame, `total - 4` of them are the payload and 4 the FCS.
         fcs_at = select(m, total, {t: (combined >> 8 * (t - _FCS))[:32]
                                    for t in range(_FCS + 1, cap + 1)}, 32, "fcs_at")
         end_keep = select(m, total, {t: mask(min(n, t - _FCS))
                                      for t in range(_FCS + 1, cap + 1)}, n, "end_keep")
         flush_keep = select(m, acc_n, {j: mask(j) for j in range(1, n + 1)}, n, "flush_keep")
-        length = Signal(15)  # the frame with its FCS, at its end
-        m.d.comb += length.eq(count + total)
+        length = Signal(15)  # the frame with its FCS, at its end: one adder from registers
+        m.d.comb += length.eq(seen + run_n)
         flags = Cat(run.err, lt(length, MIN_FRAME), gt(length, self.max_frame))
 
         b_valid = Signal()
@@ -344,9 +345,9 @@ class RxChecker(wiring.Component):
         with m.If(flush):
             m.d.comb += [b_valid.eq(1), b.data.eq(acc), b.keep.eq(flush_keep), b.last.eq(1),
                          b.fcs.eq(held_fcs), b_flags.eq(held_flags)]
-            m.d.sync += [flush.eq(0), acc.eq(0), acc_n.eq(0), count.eq(0)]
+            m.d.sync += [flush.eq(0), acc.eq(0), acc_n.eq(0)]
         with m.Elif(run.end):
-            m.d.sync += [acc.eq(0), acc_n.eq(0), count.eq(0)]
+            m.d.sync += [acc.eq(0), acc_n.eq(0)]
             with m.If(lt(total, _FCS + 1)):
                 m.d.comb += tiny.eq(1)
             with m.Elif(lt(total, n + _FCS + 1)):
@@ -360,10 +361,13 @@ class RxChecker(wiring.Component):
         with m.Elif(gt(total, n + _FCS)):
             m.d.comb += [b_valid.eq(1), b.data.eq(combined), b.keep.eq(full)]
             m.d.sync += [acc.eq(combined >> 8 * n), acc_n.eq(add(total, (1 << len(total)) - n))]
-            with m.If(lt(count, (1 << 15) - n)):
-                m.d.sync += count.eq(add(count, n))
         with m.Else():
             m.d.sync += [acc.eq(combined), acc_n.eq(total)]
+
+        with m.If(flush | run.end):
+            m.d.sync += seen.eq(0)
+        with m.Elif(lt(seen, (1 << 15) - n)):
+            m.d.sync += seen.eq(length)
 
         m.d.comb += [
             crc.i.valid.eq(b_valid),
@@ -377,9 +381,11 @@ class RxChecker(wiring.Component):
         out = _delay(m, b, crc.latency, "beat")
         bad_fcs = crc.o.payload != out.fcs
         late_runt = Signal()
-        with m.If(tiny & late_runt):
+        tiny_seen = Signal()  # `tiny` a cycle later: the counter stays out of the length's path
+        m.d.sync += tiny_seen.eq(tiny)
+        with m.If(tiny_seen & late_runt):
             m.d.sync += self.runts.eq(add(self.runts, 2))
-        with m.Elif(tiny | late_runt):
+        with m.Elif(tiny_seen | late_runt):
             m.d.sync += self.runts.eq(add(self.runts, 1))
         verdict = Signal(data.StructLayout({"data": 8 * n, "keep": n, "last": 1, "err": 1}))
         m.d.comb += [verdict.data.eq(out.data), verdict.keep.eq(out.keep),

@@ -19,7 +19,7 @@ from amaranth.lib.wiring import In, Out
 from ..exact import eq
 from ..hdrparse import HeaderEmitter, HeaderParser, HeaderStream
 from ..headers import ETHERNET, IPV4
-from ..stream import BeatStream, check_data_bytes
+from ..stream import BeatLayout, BeatStream, SkidBuffer, check_data_bytes
 from . import arp as arp_mod
 from . import icmp as icmp_mod
 from .arp import ETHERTYPE_ARP, ArpEngine
@@ -162,8 +162,14 @@ class IpStack(wiring.Component):
         wiring.connect(m, ip_demux.o_payload[1], icmp.i_payload)
 
         # TX: echo replies and TCP into IPv4, then ARP and IPv4 into Ethernet.
-        wiring.connect(m, icmp.o_header, ip_arb.i_header[0])
-        wiring.connect(m, icmp.o_payload, ip_arb.i_payload[0])
+        # Skid buffers on the replies: IcmpEcho streams a request through to its reply, so the
+        # arbiter's ready would otherwise run through it back into the receive side.
+        m.submodules.icmp_header_skid = icmp_header_skid = SkidBuffer(TxRequest)
+        m.submodules.icmp_payload_skid = icmp_payload_skid = SkidBuffer(BeatLayout(n, err=True))
+        wiring.connect(m, icmp.o_header, icmp_header_skid.i)
+        wiring.connect(m, icmp.o_payload, icmp_payload_skid.i)
+        wiring.connect(m, icmp_header_skid.o, ip_arb.i_header[0])
+        wiring.connect(m, icmp_payload_skid.o, ip_arb.i_payload[0])
         wiring.connect(m, wiring.flipped(self.i_tcp_header), ip_arb.i_header[1])
         wiring.connect(m, wiring.flipped(self.i_tcp_payload), ip_arb.i_payload[1])
         wiring.connect(m, ip_arb.o_header, ip_tx.i_header)

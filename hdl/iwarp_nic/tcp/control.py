@@ -49,14 +49,29 @@ SACK option (an MSS-sized one would have no room for it): a departure from RFC 2
 the run from the pure ACKs only. Received SACK blocks are ignored: the
 sender repairs by cumulative ACK, fast retransmit and timeout only.
 
-Throughput and latency: an event takes 5 to 10 cycles (plus the lookup and, for opens, the ISN).
-A full-size segment lasts 183 cycles at 8 bytes per beat, so one data segment in each direction
-and its ACKs leave the machine mostly idle. An event starts only when the output FIFOs it may
+Throughput and latency: an event takes 9 cycles (a ring write report, a park visit, a command)
+to 17 (a received segment whose connection heads its lookup chain, 6 of them in the lookup);
+a transmit turn takes 12 or 13, a chunk and a timer visit 10; plus one per event reported, one
+for an RTT sample and four for any but a connection's first, one per further entry of the
+lookup's chain, and for opens and closes the ISN and the lookup table's update. A full-size
+segment lasts 183 cycles at 8 bytes per beat, so one data segment in each direction and its
+ACKs leave the machine mostly idle. An event starts only when the output FIFOs it may
 write have room, so it never waits half way; the sources are served round-robin. A transmit
 turn also leaves one slot of the segment queue to the others, so a sender that keeps
 :class:`.tx.TcpTx` busy never holds received segments back (before, the MAC's receive FIFO
 overflowed at the start of a bulk transfer both ways, and its recovery by timeout cost 0.23 of
 the measured goodput).
+
+Timing (the 125 MHz core clock of the 1-byte configuration, on an ECP5 of speed 8): no cycle
+chains more than one or two carry chains or a long decision. Values derived from the TCB
+(window edges, RCV.WND, what is waiting or in flight) are registered from the block RAM's output
+in LOADED and again from the updated TCB in FIX; a segment's own sequence arithmetic while the
+lookup runs; the transmit turn's geometry, lengths and choice in TX_A, TX_B and TX_C; the RTT
+average and the RTO in RTT_A, RTT_B and RTO. What RX_B, TIMER_B and CMD do is decided a cycle
+before (RX_P, TIMER, LOADED) into one flag per action; IDLE registers the round-robin grant and
+TAKE takes the source; the machine's states are one-hot. Fitted alone at the ECPIX-5
+configuration (16 connections, 16 KB rings, window shift 0; ``boards.fit.fit``, seed 1)
+TcpControl reaches 132.6 MHz (79.3 before this staging).
 
 Limits, by design: out-of-order segments other than the parked run are dropped with an
 immediate duplicate ACK (the peer's fast retransmit repairs the hole); there is no congestion
@@ -67,7 +82,7 @@ back, so connections together may be offered more than the buffer holds; a CLOSE
 SYN-RECEIVED aborts; an ESTABLISHED and a PEER_FIN event of one segment may be two events.
 """
 
-from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth import Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import data, enum, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -317,6 +332,46 @@ class TcpControl(wiring.Component):
         l_port = [Signal(16, name=f"listen_port{k}") for k in range(ls)]
         l_conn = [Signal(cb, name=f"listen_conn{k}") for k in range(ls)]
 
+        # The first free entry of the listen table, registered (a cycle old: the table changes
+        # only in RX_B and CMD, never in the two cycles before CMD).
+        free_listen = Signal(range(max(ls, 2)))
+        have_listen = Signal()
+        m.d.sync += have_listen.eq(0)
+        for k in reversed(range(ls)):
+            with m.If(~l_valid[k]):
+                m.d.sync += [free_listen.eq(k), have_listen.eq(1)]
+
+        # Which of CMD's actions apply (see CMD), registered by LOADED from the command and
+        # the TCB as the block RAM gives it.
+        cact = {n: Signal(name=f"cmd_{n}") for n in (
+            "listen", "connect", "unlisten", "closed_event", "aborted_event", "free_closed",
+            "fin_wait", "last_ack", "reset", "free_aborted")}
+
+        def command(tcb):
+            def at(*states):
+                return _in(tcb.state, *states)
+            op_listen, op_connect = _in(cmd.op, CommandOp.LISTEN), _in(cmd.op, CommandOp.CONNECT)
+            op_close, op_abort = _in(cmd.op, CommandOp.CLOSE), _in(cmd.op, CommandOp.ABORT)
+            closed, listening = at(State.CLOSED), at(State.LISTEN)
+            tcb_synced = at(State.SYN_RCVD, State.ESTABLISHED, State.FIN_WAIT_1,
+                            State.FIN_WAIT_2, State.CLOSE_WAIT, State.CLOSING, State.LAST_ACK,
+                            State.TIME_WAIT)
+            abort_open = op_abort & ~listening & ~closed
+            m.d.sync += [
+                cact["listen"].eq(op_listen & closed & have_listen),
+                cact["connect"].eq(op_connect & closed),
+                cact["unlisten"].eq((op_close | op_abort) & listening),
+                cact["closed_event"].eq(op_close & (listening | closed)),
+                cact["aborted_event"].eq((op_listen & ~(closed & have_listen))
+                                         | (op_connect & ~closed)
+                                         | (op_abort & (listening | closed))),
+                cact["free_closed"].eq(op_close & at(State.SYN_SENT)),
+                cact["fin_wait"].eq(op_close & at(State.ESTABLISHED)),
+                cact["last_ack"].eq(op_close & at(State.CLOSE_WAIT)),
+                cact["reset"].eq((op_close & at(State.SYN_RCVD)) | (abort_open & tcb_synced)),
+                cact["free_aborted"].eq((op_close & at(State.SYN_RCVD)) | abort_open),
+            ]
+
         # Working registers of the event being handled.
         t = Signal(tcb_shape)
         st = Signal(stats_shape)
@@ -338,8 +393,15 @@ class TcpControl(wiring.Component):
         insert = Signal()      # the slot got an address: add it to the lookup table
         no_tcb = Signal()      # a segment for no connection: nothing to write back
         listen_hit = Signal()
+        listen_first = Signal(ls)   # the first listening slot on the segment's port, one-hot
+        listen_match = Signal(ls)   # the listening slots on the segment's port
+        listen_wait = Signal(2)     # RX_WAIT's cycles so far, up to 2: then listen_hit,
+                                    # listen_idx and listen_conn are set
+        listen_conn = Signal(cb)    # the connection of listen_idx
         listen_idx = Signal(range(max(ls, 2)))
         rto_update = Signal()
+        rtt_avg = Signal()     # an RTT sample (not the first) waits to be averaged in
+        enqueue = Signal()     # the connection has something to send: add it to the ready queue
         chunk_retry = Signal(init=1)  # a chunk that found its ring full waits for a change
 
         # The park: a contiguous run of out-of-order segments of connection `park_conn`, from
@@ -371,22 +433,56 @@ class TcpControl(wiring.Component):
             with m.If(park_held):
                 m.d.sync += [park_flush.eq(1), park_poke.eq(1)]
 
-        # Derived values of the loaded TCB `t`.
-        wnd_scaled = select(m, t.snd_ws, [Cat(Const(0, k), t.snd_wnd, Const(0, 16 - k))
-                                         for k in range(15)], 32, "wnd_scaled")
+        # The receive buffer's free space, registered twice on its way in (a snapshot anyway,
+        # taken a few cycles before it is used): ``rcv_space`` is what may be offered,
+        # ``win_unscaled`` the window field offering it without scaling (at most 0xFFFF) and
+        # ``scaled_field`` with the shift ``rcv_ws``.
         max_space = 0xFFFF << self.rcv_ws
         rcv_space = Signal(32)
-        m.d.comb += rcv_space.eq(Mux(self.rx_free > max_space, max_space, self.rx_free))
-        win_unscaled = Signal(16)
-        m.d.comb += win_unscaled.eq(Mux(rcv_space > 0xFFFF, 0xFFFF, rcv_space))
-        free_field = Signal(16)     # the window field that would offer all the free space
-        m.d.comb += free_field.eq(Mux(t.ws_on, (rcv_space >> self.rcv_ws)[:16], win_unscaled))
-        free_wnd = Signal(32)
-        m.d.comb += free_wnd.eq(Mux(t.ws_on, free_field << self.rcv_ws, free_field))
+        m.d.sync += rcv_space.eq(Mux(self.rx_free > max_space, max_space, self.rx_free))
+        win_unscaled, scaled_field = Signal(16), Signal(16)
+        m.d.sync += [win_unscaled.eq(Mux(rcv_space[16:].any(), 0xFFFF, rcv_space[:16])),
+                     scaled_field.eq((rcv_space >> self.rcv_ws)[:16])]
+
+        # Values derived from the TCB, registered: from the block RAM's output in LOADED (read
+        # by the event's first states, before they change `t`), and again from `t` in FIX
+        # (read by COMMIT). Each costs one or two carry chains, so no later cycle chains them.
+        wnd_left = Signal(32)       # SND.UNA - SND.WND: an ACK before it is too old (RFC 5961)
+        wnd_right = Signal(32)      # SND.UNA + SND.WND: the right edge of the peer's window
         # RCV.WND: what is left of the window last advertised (0 once RCV.NXT has reached or,
-        # by a FIN at its edge, passed the edge). It decides which segments are acceptable.
-        rcv_wnd = Signal(32)
-        m.d.comb += rcv_wnd.eq(Mux(_before(t.rcv_adv, t.rcv_nxt), 0, t.rcv_adv - t.rcv_nxt))
+        # by a FIN at its edge, passed the edge). It decides which segments are acceptable;
+        # rcv_right = RCV.NXT + RCV.WND.
+        rcv_wnd, rcv_right = Signal(32), Signal(32)
+        data_waiting = Signal()     # bytes in the ring, not yet sent
+        in_flight = Signal()        # SND.UNA != SND.MAX
+        una_at_nxt = Signal()       # SND.NXT == SND.UNA
+        fin_due = Signal()          # the FIN is next: queued, and every byte before it sent
+        # LOADED only (for TX_A, CHUNK, PARK): the window field offering all the free space,
+        # the right edge it would give and the current edge plus one MSS; the send ring's use;
+        # the end of the park's oldest segment.
+        free_field = Signal(16)
+        free_right, adv_grow = Signal(32), Signal(32)
+        ring_used = Signal(32)
+        park_head_end = Signal(32)
+
+        def derive(tcb, name):
+            """Register the derived values above from the TCB ``tcb``."""
+            scaled = select(m, tcb.snd_ws, [Cat(Const(0, k), tcb.snd_wnd, Const(0, 16 - k))
+                                            for k in range(15)], 32, f"wnd_scaled_{name}")
+            behind = _before(tcb.rcv_adv, tcb.rcv_nxt)
+            waiting, flying = _before(tcb.snd_nxt, tcb.snd_ready), tcb.snd_una != tcb.snd_max
+            m.d.sync += [
+                wnd_left.eq(wrap_sub(m, tcb.snd_una, scaled, 32, f"wnd_left_{name}")),
+                wnd_right.eq(wrap_add(m, tcb.snd_una, scaled, 32, f"wnd_right_{name}")),
+                rcv_wnd.eq(Mux(behind, 0, tcb.rcv_adv - tcb.rcv_nxt)),
+                rcv_right.eq(Mux(behind, tcb.rcv_nxt, tcb.rcv_adv)),
+                data_waiting.eq(waiting),
+                in_flight.eq(flying),
+                una_at_nxt.eq(tcb.snd_nxt == tcb.snd_una),
+                fin_due.eq(tcb.fin_pending & (tcb.snd_nxt == tcb.snd_end)
+                           & (tcb.snd_ready == tcb.snd_end)),
+            ]
+            return waiting, flying
 
         synced = _in(t.state, State.SYN_RCVD, State.ESTABLISHED, State.FIN_WAIT_1,
                      State.FIN_WAIT_2, State.CLOSE_WAIT, State.CLOSING, State.LAST_ACK,
@@ -395,14 +491,10 @@ class TcpControl(wiring.Component):
                       State.CLOSING, State.LAST_ACK)
         receiving = _in(t.state, State.ESTABLISHED, State.FIN_WAIT_1, State.FIN_WAIT_2)
         opening = _in(t.state, State.SYN_SENT, State.SYN_RCVD)
-        data_waiting = _before(t.snd_nxt, t.snd_ready)     # bytes in the ring, not yet sent
-        in_flight = t.snd_una != t.snd_max
-        fin_due = t.fin_pending & (t.snd_nxt == t.snd_end) & (t.snd_ready == t.snd_end)
-        wnd_right = wrap_add(m, t.snd_una, wnd_scaled, 32, "wnd_right")
         window_open = _before(t.snd_nxt, wnd_right)
         wants_tx = Signal()
         m.d.comb += wants_tx.eq(
-            (opening & (t.snd_nxt == t.snd_una))
+            (opening & una_at_nxt)
             | (synced & t.ack_now)
             | (sending & (t.fast_rtx | t.probe | fin_due | (data_waiting & window_open))))
         persist = sending & ~in_flight & is_zero(t.snd_wnd) & data_waiting
@@ -417,60 +509,91 @@ class TcpControl(wiring.Component):
         # A transmit turn leaves one slot of the segment queue free: a busy sender keeps that
         # queue full, and received segments (whose events may send a RST) must still be taken
         # as they come, or the MAC's receive FIFO overflows behind them.
-        want = Cat(self.i_seg.valid, ready.r_rdy & lt(txq.w_level, txq.depth - 1),
-                   self.i_chunk.valid & chunk_retry & rings.w_rdy & routes.w_rdy,
-                   self.i_cmd.valid, sweep != 0, self.i_written.valid,
-                   park_poke & parked.r_rdy)
-        pick = Signal(range(SOURCES))
-        with m.Switch(turn):
+        # The conditions on the machine's own queues and registers are registered (a cycle
+        # old): in the cycle before IDLE (TABLE, or IDLE without a grant) the machine writes
+        # no queue and reads none, so they can only be late, never wrong: a queue's consumer
+        # only makes room, and what the machine writes shows a cycle or more later.
+        tx_ok, chunk_ok, timer_ok, park_ok, room = (Signal(name=n) for n in (
+            "tx_ok", "chunk_ok", "timer_ok", "park_ok", "room"))
+        m.d.sync += [tx_ok.eq(ready.r_rdy & lt(txq.w_level, txq.depth - 1)),
+                     chunk_ok.eq(chunk_retry & rings.w_rdy & routes.w_rdy),
+                     timer_ok.eq(sweep != 0), park_ok.eq(park_poke & parked.r_rdy)]
+        want = Cat(self.i_seg.valid, tx_ok, self.i_chunk.valid & chunk_ok, self.i_cmd.valid,
+                   timer_ok, self.i_written.valid, park_ok)
+        # `grant`: one-hot, the first source wanting from `turn` on (a flat function of `want`
+        # and `turn`, so that the choice of the connection below is an AND-OR).
+        grant = Signal(SOURCES)
+        granted = Signal(SOURCES)   # `grant` as IDLE found it, for TAKE
+        for j in range(SOURCES):
+            terms = []
             for r in range(SOURCES):
-                with (m.Case(r) if r < SOURCES - 1 else m.Default()):
-                    for k in reversed(range(SOURCES)):
-                        with m.If(want[(r + k) % SOURCES]):
-                            m.d.comb += pick.eq((r + k) % SOURCES)
+                ahead = [want[(r + i) % SOURCES] for i in range((j - r) % SOURCES)]
+                at_r = eq(turn, r) if r < SOURCES - 1 else turn >= r
+                terms.append(at_r & ~Cat(Const(0, 1), *ahead).any())
+            m.d.comb += grant[j].eq(want[j] & Cat(*terms).any())
         # Room for what any event may write; only a chunk writes the ring and route queues, so
         # a full one holds chunks alone (holding every event would deadlock against the ring,
         # which waits for its write reports to be taken).
-        room = verdicts.w_rdy & txq.w_rdy & lt(events.w_level, events.depth - 1)
+        m.d.sync += room.eq(verdicts.w_rdy & txq.w_rdy & lt(events.w_level, events.depth - 1))
 
-        fsm = Machine(m, ["IDLE", "RX_LOOKUP", "RX_WAIT", "NO_CONN", "LOAD", "LOADED", "RX_A",
-                          "RX_B", "ISN", "TX_A", "TX_B", "TX_C", "TX_D", "CHUNK", "WRITTEN",
-                          "PARK", "CMD", "TIMER", "FIX", "COMMIT", "EVENTS", "TABLE"], "tcp_state")
+        fsm = Machine(m, ["IDLE", "TAKE", "RX_LOOKUP", "RX_WAIT", "NO_CONN", "LOAD", "LOADED",
+                          "RX_A", "RX_P", "RX_B", "ISN", "TX_A", "TX_B", "TX_C", "TX_D", "TX_E",
+                          "CHUNK", "CHUNK_B", "WRITTEN", "PARK", "CMD", "TIMER", "TIMER_B", "FIX",
+                          "RTT_A", "RTT_B", "RTO", "COMMIT", "EVENTS", "TABLE"], "tcp_state",
+                      onehot=True)
 
         with fsm.state("IDLE"):
             m.d.sync += [verdict_valid.eq(0), seg_valid.eq(0), ev_valid.eq(0),
                          ring_valid.eq(0), route_valid.eq(0), release.eq(0), insert.eq(0),
-                         no_tcb.eq(0), rto_update.eq(0)]
+                         no_tcb.eq(0), rto_update.eq(0), rtt_avg.eq(0)]
             with m.If(room & want.any()):
-                m.d.sync += [kind.eq(pick), turn.eq(Mux(eq(pick, SOURCES - 1), 0, pick + 1))]
-                with m.If(eq(pick, K_RX)):
+                m.d.sync += granted.eq(grant)
+                fsm.goto("TAKE")
+
+        # TAKE: the source granted in IDLE (registered) is taken. An input stream holds its
+        # valid until it is taken (the stream rule); one that dropped it is not taken.
+        with fsm.state("TAKE"):
+            fsm.goto("IDLE")
+            valids = Cat(self.i_seg.valid, 1, self.i_chunk.valid, self.i_cmd.valid, 1,
+                         self.i_written.valid, 1)
+            # The connection of the source granted (RX's is found by the lookup: kept).
+            sources = {K_RX: conn, K_TX: ready.r_data, K_CHUNK: self.i_chunk.payload.conn,
+                       K_CMD: self.i_cmd.payload.conn, K_TIMER: scan,
+                       K_WRITTEN: self.i_written.payload.conn, K_PARK: park_conn}
+            granted_conn = Signal(cb)
+            m.d.comb += granted_conn.eq(Cat(*(
+                Cat(*(granted[k] & Value.cast(v)[b] for k, v in sources.items())).any()
+                for b in range(cb))))
+            grant = granted & valids
+            with m.If(grant.any()):
+                m.d.sync += conn.eq(granted_conn)
+                for k in range(SOURCES):
+                    with m.If(granted[k]):
+                        m.d.sync += [kind.eq(k), turn.eq((k + 1) % SOURCES)]
+                with m.If(grant[K_RX]):
                     m.d.comb += self.i_seg.ready.eq(1)
                     m.d.sync += s.eq(self.i_seg.payload)
                     fsm.goto("RX_LOOKUP")
-                with m.If(eq(pick, K_TX)):
+                with m.If(grant[K_TX]):
                     m.d.comb += ready.r_en.eq(1)
-                    m.d.sync += [conn.eq(ready.r_data),
-                                 queued.bit_select(ready.r_data, 1).eq(0)]
+                    m.d.sync += queued.bit_select(ready.r_data, 1).eq(0)
                     fsm.goto("LOAD")
-                with m.If(eq(pick, K_CHUNK)):
-                    m.d.sync += [chunk.eq(self.i_chunk.payload),
-                                 conn.eq(self.i_chunk.payload.conn)]
+                with m.If(grant[K_CHUNK]):
+                    m.d.sync += chunk.eq(self.i_chunk.payload)
                     fsm.goto("LOAD")
-                with m.If(eq(pick, K_CMD)):
+                with m.If(grant[K_CMD]):
                     m.d.comb += self.i_cmd.ready.eq(1)
-                    m.d.sync += [cmd.eq(self.i_cmd.payload), conn.eq(self.i_cmd.payload.conn)]
+                    m.d.sync += cmd.eq(self.i_cmd.payload)
                     fsm.goto("LOAD")
-                with m.If(eq(pick, K_TIMER)):
-                    m.d.sync += [conn.eq(scan), sweep.eq(sweep - 1),
+                with m.If(grant[K_TIMER]):
+                    m.d.sync += [sweep.eq(sweep - 1),
                                  scan.eq(Mux(scan == conns - 1, 0, scan + 1))]
                     fsm.goto("LOAD")
-                with m.If(eq(pick, K_WRITTEN)):
+                with m.If(grant[K_WRITTEN]):
                     m.d.comb += self.i_written.ready.eq(1)
-                    m.d.sync += [written.eq(self.i_written.payload),
-                                 conn.eq(self.i_written.payload.conn)]
+                    m.d.sync += written.eq(self.i_written.payload)
                     fsm.goto("LOAD")
-                with m.If(eq(pick, K_PARK)):
-                    m.d.sync += conn.eq(park_conn)
+                with m.If(grant[K_PARK]):
                     fsm.goto("LOAD")
 
         # ---- RX: find the connection by address, or a listening slot for a SYN.
@@ -479,34 +602,70 @@ class TcpControl(wiring.Component):
                      key.local_port.eq(s.dst_port)]
         syn, fin = (s.flags & SYN).any(), (s.flags & FIN).any()
         rst, ackf = (s.flags & RST).any(), (s.flags & ACK).any()
+        # The segment's own sequence arithmetic, registered while the lookup runs (RX_LOOKUP
+        # and RX_WAIT last a cycle or more each, and `s` holds): RX_A and RX_B use the results.
+        seg_len = Signal(17)        # payload + SYN + FIN
+        seg_end = Signal(32)        # the sequence number after the payload
+        seg_after = Signal(32)      # ... after the payload, SYN and FIN
+        seg_last = Signal(32)       # the last sequence number the segment occupies
+        seg_end1 = Signal(32)       # seg_end + 1: RCV.NXT after an in-order FIN
+        syn_next = Signal(32)       # the sequence number after a SYN
+        mss_opt = Signal(16)        # the send MSS a SYN's options give
+        has_data = Signal()         # a payload (length > 0)
+        seg_small = Signal()        # length <= MSS: it may be parked
+        seg_empty = Signal()        # seg_len == 0
+        m.d.comb += [lookup.i_lookup.payload.eq(key),
+                     lookup.i_remove.payload.conn.eq(conn),
+                     lookup.i_insert.payload.conn.eq(conn),
+                     lookup.i_insert.payload.key.remote_ip.eq(t.remote_ip),
+                     lookup.i_insert.payload.key.remote_port.eq(t.remote_port),
+                     lookup.i_insert.payload.key.local_port.eq(t.local_port)]
         with fsm.state("RX_LOOKUP"):
-            m.d.comb += [lookup.i_lookup.valid.eq(1), lookup.i_lookup.payload.eq(key)]
-            hit = Signal()
-            for k in reversed(range(ls)):
-                with m.If(l_valid[k] & (l_port[k] == s.dst_port)):
-                    m.d.comb += hit.eq(1)
-                    m.d.sync += listen_idx.eq(k)
-            m.d.sync += listen_hit.eq(hit & syn & ~ackf & ~rst)
+            m.d.comb += lookup.i_lookup.valid.eq(1)
+            m.d.sync += [seg_len.eq(s.length + syn + fin), has_data.eq(s.length.any()),
+                         seg_small.eq(lt(s.length, self.mss + 1)),
+                         seg_end.eq(wrap_add(m, s.seq, s.length, 32, "seg_end_sum")),
+                         syn_next.eq(add(s.seq, 1)),
+                         mss_opt.eq(Mux(s.has_mss, Mux(gt(s.mss, self.mss), self.mss, s.mss),
+                                        536))]
+            m.d.sync += [listen_match.eq(Cat(l_valid[k] & (l_port[k] == s.dst_port)
+                                             for k in range(ls))),
+                         listen_wait.eq(0)]
             with m.If(lookup.i_lookup.ready):
                 fsm.goto("RX_WAIT")
         with fsm.state("RX_WAIT"):
-            m.d.comb += lookup.o_lookup.ready.eq(1)
-            with m.If(lookup.o_lookup.valid):
+            # The listen table's answer, from the match registered in RX_LOOKUP: the first
+            # matching slot (one-hot) in RX_WAIT's first cycle, its connection in the second;
+            # ready from the third (the lookup's comes later anyway, see ConnLookup's timing).
+            listen_ready = listen_wait[1]
+            m.d.comb += lookup.o_lookup.ready.eq(listen_ready)
+            m.d.sync += [listen_wait.eq(Cat(1, listen_wait[0])),
+                         listen_first.eq(Cat(listen_match[k] & ~listen_match[:k].any()
+                                             for k in range(ls)))]
+            first = listen_first
+            m.d.sync += [listen_hit.eq(first.any() & syn & ~ackf & ~rst),
+                         listen_conn.eq(Cat(*(
+                             Cat(*(first[k] & l_conn[k][b] for k in range(ls))).any()
+                             for b in range(cb))))]
+            for k in range(ls):
+                with m.If(first[k]):
+                    m.d.sync += listen_idx.eq(k)
+            m.d.sync += [seg_after.eq(wrap_add(m, s.seq, seg_len, 32, "seg_after_sum")),
+                         seg_last.eq(wrap_add(m, s.seq, seg_len - 1, 32, "seg_last_sum")),
+                         seg_end1.eq(add(seg_end, 1)), seg_empty.eq(~seg_len.any())]
+            with m.If(lookup.o_lookup.valid & listen_ready):
                 count("rx_segments")
                 with m.If(lookup.o_lookup.payload.hit):
                     m.d.sync += conn.eq(lookup.o_lookup.payload.conn)
                     fsm.goto("LOAD")
                 with m.Elif(listen_hit):
-                    for k in range(ls):
-                        with m.If(eq(listen_idx, k)):
-                            m.d.sync += conn.eq(l_conn[k])
+                    m.d.sync += conn.eq(listen_conn)
                     fsm.goto("LOAD")
                 with m.Else():
                     fsm.goto("NO_CONN")
 
         def reset_reply():
             """RFC 9293 3.10.7.1: answer a segment (not itself a RST) with a RST."""
-            seg_len = s.length + s.flags[1] + s.flags[0]
             m.d.sync += [seg.conn.eq(0), seg.dst_ip.eq(s.src_ip), seg.src_port.eq(s.dst_port),
                          seg.dst_port.eq(s.src_port), seg.window.eq(0), seg.syn_opts.eq(0),
                          seg.sack.eq(0), seg.mss.eq(0), seg.ws.eq(0), seg.length.eq(0)]
@@ -516,9 +675,7 @@ class TcpControl(wiring.Component):
                 with m.If(ackf):
                     m.d.sync += [seg.seq.eq(s.ack), seg.ack.eq(0), seg.flags.eq(RST)]
                 with m.Else():
-                    m.d.sync += [seg.seq.eq(0), seg.ack.eq(wrap_add(m, s.seq, seg_len, 32,
-                                                                     "rst_ack")),
-                                 seg.flags.eq(RST | ACK)]
+                    m.d.sync += [seg.seq.eq(0), seg.ack.eq(seg_after), seg.flags.eq(RST | ACK)]
 
         def reset_connection():
             """RFC 9293 3.10.5 ABORT: a RST at SND.NXT to the connection's peer."""
@@ -532,7 +689,7 @@ class TcpControl(wiring.Component):
         def drop_payload():
             m.d.sync += [verdict.conn.eq(conn), verdict.deliver.eq(0), verdict.park.eq(0),
                          verdict.parked.eq(0), verdict.trim.eq(0), verdict.length.eq(s.length),
-                         verdict_valid.eq(s.length != 0)]
+                         verdict_valid.eq(has_data)]
 
         with fsm.state("NO_CONN"):
             count("rx_no_conn")
@@ -547,6 +704,19 @@ class TcpControl(wiring.Component):
         with fsm.state("LOADED"):
             m.d.comb += [tcb_rd.addr.eq(conn), stats_rd.addr.eq(conn)]
             m.d.sync += [t.eq(tcb_rd.data), st.eq(stats_rd.data)]
+            loaded = tcb_rd.data
+            derive(loaded, "loaded")
+            command(loaded)
+            field = Mux(loaded.ws_on, scaled_field, win_unscaled)
+            m.d.sync += [
+                free_field.eq(field),
+                free_right.eq(wrap_add(m, loaded.rcv_nxt,
+                                       Mux(loaded.ws_on, field << self.rcv_ws, field), 32,
+                                       "free_right_sum")),
+                adv_grow.eq(wrap_add(m, loaded.rcv_adv, Const(self.mss, 16), 32, "adv_grow_sum")),
+                ring_used.eq(wrap_sub(m, loaded.snd_end, loaded.snd_una, 32, "ring_used_sum")),
+                park_head_end.eq(wrap_add(m, park_head, parked.r_data, 32, "park_head_end_sum")),
+            ]
             for k, name in ((K_RX, "RX_A"), (K_TX, "TX_A"), (K_CHUNK, "CHUNK"),
                             (K_CMD, "CMD"), (K_TIMER, "TIMER"), (K_WRITTEN, "WRITTEN"),
                             (K_PARK, "PARK")):
@@ -554,10 +724,6 @@ class TcpControl(wiring.Component):
                     fsm.goto(name)
 
         # ---- RX cycle A: classify the segment against the TCB (registered).
-        seg_end = Signal(32)        # the sequence number after the payload
-        seg_len = Signal(17)        # payload + SYN + FIN
-        m.d.comb += [seg_end.eq(wrap_add(m, s.seq, s.length, 32, "seg_end_sum")),
-                     seg_len.eq(s.length + syn + fin)]
         acceptable, at_rcv_nxt = Signal(), Signal()
         ack_new, ack_future, ack_too_old, ack_dup = Signal(), Signal(), Signal(), Signal()
         data_inorder, fin_inorder, fin_acked = Signal(), Signal(), Signal()
@@ -565,23 +731,40 @@ class TcpControl(wiring.Component):
         parkable = Signal()     # an out-of-order segment that joins (or starts) the park
         rtt = Signal(TIME_BITS)
         trim = Signal(16)
+        deliver_len = Signal(16)    # the in-order bytes past RCV.NXT: length - trim
+        nxt_before_ack = Signal()   # the ACK moves SND.NXT on (after a retransmission timeout)
+        syn_right = Signal(32)      # RCV.NXT + the window a SYN-ACK offers
+        # The classes of the connection's state RX_P needs, registered by RX_A.
+        rx_st = {n: Signal(name=f"rx_st_{n}") for n in (
+            "closed", "listen", "ss", "sr", "fw1", "fw2", "closing", "last_ack", "est_sr",
+            "other", "rcv_ok")}
         with fsm.state("RX_A"):
-            rcv_right = wrap_add(m, t.rcv_nxt, rcv_wnd, 32, "rcv_right")
+            m.d.sync += [
+                rx_st["closed"].eq(_in(t.state, State.CLOSED)),
+                rx_st["listen"].eq(_in(t.state, State.LISTEN)),
+                rx_st["ss"].eq(_in(t.state, State.SYN_SENT)),
+                rx_st["sr"].eq(_in(t.state, State.SYN_RCVD)),
+                rx_st["fw1"].eq(_in(t.state, State.FIN_WAIT_1)),
+                rx_st["fw2"].eq(_in(t.state, State.FIN_WAIT_2)),
+                rx_st["closing"].eq(_in(t.state, State.CLOSING)),
+                rx_st["last_ack"].eq(_in(t.state, State.LAST_ACK)),
+                rx_st["est_sr"].eq(_in(t.state, State.ESTABLISHED, State.SYN_RCVD)),
+                rx_st["other"].eq(~_in(t.state, State.CLOSED, State.LISTEN, State.SYN_SENT)),
+                rx_st["rcv_ok"].eq(receiving | _in(t.state, State.SYN_RCVD)),
+            ]
 
             def inside(x):
                 return ~_before(x, t.rcv_nxt) & _before(x, rcv_right)
-            last = Signal(32)
-            m.d.comb += last.eq(wrap_add(m, s.seq, seg_len - 1, 32, "seg_last"))
             wnd_zero = is_zero(rcv_wnd)
             m.d.sync += [
-                acceptable.eq(Mux(is_zero(seg_len),
+                acceptable.eq(Mux(seg_empty,
                                   Mux(wnd_zero, s.seq == t.rcv_nxt, inside(s.seq)),
-                                  ~wnd_zero & (inside(s.seq) | inside(last)))),
+                                  ~wnd_zero & (inside(s.seq) | inside(seg_last)))),
                 at_rcv_nxt.eq(s.seq == t.rcv_nxt),
                 ack_new.eq(_before(t.snd_una, s.ack) & ~_before(t.snd_max, s.ack)),
                 ack_future.eq(_before(t.snd_max, s.ack)),
-                ack_too_old.eq(_before(s.ack, t.snd_una - wnd_scaled)),
-                ack_dup.eq((s.ack == t.snd_una) & is_zero(s.length) & ~syn & ~fin & in_flight
+                ack_too_old.eq(_before(s.ack, wnd_left)),
+                ack_dup.eq((s.ack == t.snd_una) & ~has_data & ~syn & ~fin & in_flight
                            & (s.window == t.snd_wnd)),
                 data_inorder.eq(~_before(t.rcv_nxt, s.seq) & _before(t.rcv_nxt, seg_end)),
                 fin_inorder.eq(fin & ~_before(t.rcv_nxt, s.seq) & ~_before(seg_end, t.rcv_nxt)),
@@ -591,13 +774,16 @@ class TcpControl(wiring.Component):
                 rtt_sample.eq(t.rtt_active & ~_before(s.ack, t.rtt_seq)),
                 rtt.eq((now - t.rtt_start)[:TIME_BITS]),
                 trim.eq((t.rcv_nxt - s.seq)[:16]),
-                parkable.eq(_before(t.rcv_nxt, s.seq) & ~fin & lt(s.length, self.mss + 1)
+                deliver_len.eq((seg_end - t.rcv_nxt)[:16]),
+                nxt_before_ack.eq(_before(t.snd_nxt, s.ack)),
+                syn_right.eq(wrap_add(m, syn_next, win_unscaled, 32, "syn_right_sum")),
+                parkable.eq(_before(t.rcv_nxt, s.seq) & ~fin & seg_small
                             & receiving & ~park_flush & lt(park_count, ps)
                             & (is_zero(park_count)
                                | ((conn == park_conn) & (s.seq == park_end)))),
             ]
             count_conn("rx_segments")
-            fsm.goto("RX_B")
+            fsm.goto("RX_P")
 
         # ---- RX cycle B: act (RFC 9293 3.10.7).
         def challenge():
@@ -608,161 +794,173 @@ class TcpControl(wiring.Component):
             count("rx_dropped")
             count_conn("drops")
 
-        syn_next = Signal(32)       # the sequence number after a SYN
-        m.d.comb += syn_next.eq(s.seq + 1)
-
         def take_syn_options():
             m.d.sync += [t.rcv_nxt.eq(syn_next), t.snd_wl1.eq(s.seq), t.snd_wnd.eq(s.window),
-                         t.rcv_adv.eq(wrap_add(m, syn_next, win_unscaled, 32, "syn_right")),
-                         t.ws_on.eq(s.has_ws), t.snd_ws.eq(Mux(s.has_ws, s.ws, 0)),
-                         t.sack_on.eq(s.sack_ok),
-                         t.mss.eq(Mux(s.has_mss, Mux(gt(s.mss, self.mss), self.mss, s.mss), 536))]
+                         t.rcv_adv.eq(syn_right), t.ws_on.eq(s.has_ws),
+                         t.snd_ws.eq(Mux(s.has_ws, s.ws, 0)), t.mss.eq(mss_opt),
+                         t.sack_on.eq(s.sack_ok)]
 
         def rtt_update():
-            """RFC 6298 2.2-2.3 in ticks, SRTT and RTTVAR scaled by 8 and 4."""
+            """RFC 6298 2.2-2.3 in ticks, SRTT and RTTVAR scaled by 8 and 4. The first sample is
+            taken here; a later one sets `rtt_avg`, and RTT_A/RTT_B average it in."""
             with m.If(rtt_sample):
                 m.d.sync += [t.rtt_active.eq(0), rto_update.eq(1), t.have_srtt.eq(1)]
                 with m.If(~t.have_srtt):
                     m.d.sync += [t.srtt8.eq(rtt << 3), t.rttvar4.eq(rtt << 1)]
                 with m.Else():
-                    diff = Signal(TIME_BITS + 1)
-                    m.d.comb += diff.eq(rtt - (t.srtt8 >> 3))
-                    mag = Mux(diff[TIME_BITS], -diff, diff)[:TIME_BITS]
-                    var = wrap_add(m, t.rttvar4, mag, TIME_BITS, "rttvar_up")
-                    m.d.sync += [t.srtt8.eq((t.srtt8 + diff[:TIME_BITS])[:TIME_BITS]),
-                                 t.rttvar4.eq(wrap_sub(m, var, t.rttvar4 >> 2, TIME_BITS,
-                                                        "rttvar_down"))]
+                    m.d.sync += rtt_avg.eq(1)
 
-        def process_ack():
-            """RFC 9293 3.10.7.4 "fifth": the ACK field of an acceptable segment."""
-            with m.If(_in(t.state, State.SYN_RCVD)):
-                m.d.sync += t.state.eq(State.ESTABLISHED)
-                event(0, EventKind.ESTABLISHED)
-            with m.If(ack_new):
-                m.d.sync += [t.snd_una.eq(s.ack), t.dupacks.eq(0), t.retries.eq(0),
-                             t.rto_armed.eq(0), t.fast_rtx.eq(0)]
-                with m.If(_before(t.snd_nxt, s.ack)):
-                    m.d.sync += t.snd_nxt.eq(s.ack)
-                rtt_update()
-                with m.If(fin_acked):
-                    with m.If(_in(t.state, State.FIN_WAIT_1)):
-                        m.d.sync += t.state.eq(State.FIN_WAIT_2)
-                    with m.If(_in(t.state, State.CLOSING)):
-                        m.d.sync += t.state.eq(State.TIME_WAIT)
-                    with m.If(_in(t.state, State.LAST_ACK)):
-                        free(EventKind.CLOSED)
-            with m.Elif(ack_dup):
-                count("dup_acks")
-                count_conn("dup_acks")
-                m.d.sync += t.dupacks.eq(Mux(eq(t.dupacks, 3), 3, t.dupacks + 1))
-                with m.If(eq(t.dupacks, 2)):
-                    m.d.sync += t.fast_rtx.eq(1)
-            with m.If(wnd_update):
-                m.d.sync += [t.snd_wnd.eq(s.window), t.snd_wl1.eq(s.seq)]
+        # ---- RX cycle P: which of RX_B's actions apply (RFC 9293 3.10.7.2-3.10.7.4, in the
+        # RFC's order), registered, so that RX_B acts on one flag per action. The actions of
+        # an acceptable synchronised segment: `pa_*` process its ACK ("fifth"), `rd_*` its
+        # data ("seventh"), `rf` its FIN ("eighth").
+        names = ("p_closed", "p_reply", "p_l_syn", "p_reset", "p_ss_syn", "p_ss_synack",
+                 "p_ss_synonly", "p_unacc_sr", "p_unacc_ack", "p_drop", "p_challenge",
+                 "pa_sr", "pa_new", "pa_dup", "pa_wnd", "pa_fw2", "pa_tw", "pa_free",
+                 "rd_deliver", "rd_park", "rd_drop", "rf", "rf_cw", "rf_tw", "rf_closing")
+        act = {n: Signal(name=n) for n in names}
+        with fsm.state("RX_P"):
+            fsm.goto("RX_B")
+            closed, listen, ss, sr = (rx_st[n] for n in ("closed", "listen", "ss", "sr"))
+            fw1, other, rcv_ok = rx_st["fw1"], rx_st["other"], rx_st["rcv_ok"]
+            acc = other & acceptable
+            # The ACK-bearing segments of RFC 9293 3.10.7.4 "fifth" that get this far.
+            acked = acc & ~rst & ~syn & ackf
+            process = acked & ~(sr & ~ack_new) & ~(ack_future | ack_too_old)
+            rd = process & has_data & rcv_ok
+            ss_syn = ss & ~(ackf & ~ack_new) & ~rst & syn
+            m.d.sync += [
+                act["p_closed"].eq(closed),     # the listening slot was closed meanwhile
+                act["p_reply"].eq((listen & ~rst & ackf) | (ss & ackf & ~ack_new)
+                                  | (acked & sr & ~ack_new)),
+                act["p_l_syn"].eq(listen & ~ackf & syn & ~rst),
+                act["p_reset"].eq((ss & rst & ackf & ack_new) | (acc & rst & at_rcv_nxt)),
+                act["p_ss_syn"].eq(ss_syn),
+                act["p_ss_synack"].eq(ss_syn & ackf),
+                act["p_ss_synonly"].eq(ss_syn & ~ackf),
+                act["p_unacc_sr"].eq(other & ~acceptable & sr & ~rst),
+                act["p_unacc_ack"].eq(other & ~acceptable & ~sr & ~rst),
+                act["p_drop"].eq((other & ~acceptable) | (acc & ~rst & ~syn & ~ackf)
+                                 | (rd & ~data_inorder & ~parkable)),
+                act["p_challenge"].eq((acc & rst & ~at_rcv_nxt) | (acc & ~rst & syn)
+                                      | (acked & ~(sr & ~ack_new)
+                                         & (ack_future | ack_too_old))),
+                act["pa_sr"].eq(process & sr),
+                act["pa_new"].eq(process & ack_new),
+                act["pa_dup"].eq(process & ~ack_new & ack_dup),
+                act["pa_wnd"].eq(process & wnd_update),
+                act["rd_deliver"].eq(rd & data_inorder),
+                act["rd_park"].eq(rd & ~data_inorder & parkable),
+                act["rd_drop"].eq(rd & ~data_inorder & ~parkable),
+                act["rf"].eq(process & fin_inorder & rcv_ok),
+                # The state changes of "fifth" (our FIN acknowledged) and "eighth".
+                act["pa_fw2"].eq(process & ack_new & fin_acked & fw1),
+                act["pa_tw"].eq(process & ack_new & fin_acked & rx_st["closing"]),
+                act["pa_free"].eq(process & ack_new & fin_acked & rx_st["last_ack"]),
+                act["rf_cw"].eq(process & fin_inorder & rcv_ok & rx_st["est_sr"]),
+                act["rf_tw"].eq(process & fin_inorder & rcv_ok
+                                & ((fw1 & fin_acked) | rx_st["fw2"])),
+                act["rf_closing"].eq(process & fin_inorder & rcv_ok & fw1 & ~fin_acked),
+            ]
 
-        def receive_data():
-            """RFC 9293 3.10.7.4 "seventh": in-order bytes only; anything else is ACKed."""
-            with m.If(~is_zero(s.length) & (receiving | _in(t.state, State.SYN_RCVD))):
-                with m.If(data_inorder):
-                    m.d.sync += [verdict.deliver.eq(1), verdict.trim.eq(trim),
-                                 verdict.length.eq(s.length - trim), t.rcv_nxt.eq(seg_end)]
-                    with m.If(t.unacked_seg | (s.flags & PSH).any()):
-                        m.d.sync += [t.ack_now.eq(1), t.unacked_seg.eq(0)]
-                    with m.Else():
-                        m.d.sync += t.unacked_seg.eq(1)
-                        with m.If(~t.ack_delayed):
-                            m.d.sync += [t.ack_delayed.eq(1),
-                                         t.dack_deadline.eq(add(now, self.dack_ticks))]
-                    with m.If(park_mine):
-                        # It fills all or part of the hole before the parked run: ACKed at
-                        # once (RFC 5681 4.2), with the run's SACK block while a hole is left.
-                        m.d.sync += [t.ack_now.eq(1), t.ack_pure.eq(1), t.unacked_seg.eq(0)]
-                with m.Elif(parkable):
-                    m.d.sync += [t.ack_now.eq(1), t.ack_pure.eq(1), verdict.park.eq(1),
-                                 park_end.eq(seg_end),
-                                 park_count.eq(park_count + 1)]
-                    m.d.comb += [parked.w_en.eq(1), parked.w_data.eq(s.length)]
-                    with m.If(is_zero(park_count)):
-                        m.d.sync += [park_conn.eq(conn), park_head.eq(s.seq)]
-                    count("rx_parked")
-                with m.Else():
-                    m.d.sync += [t.ack_now.eq(1), t.ack_pure.eq(1)]
-                    dropped()
-
-        def receive_fin():
-            """RFC 9293 3.10.7.4 "eighth", once every byte before the FIN is in."""
-            with m.If(fin_inorder & (receiving | _in(t.state, State.SYN_RCVD))):
-                m.d.sync += [t.rcv_nxt.eq(add(seg_end, 1)), t.ack_now.eq(1)]
-                event(1, EventKind.PEER_FIN)
-                with m.If(_in(t.state, State.ESTABLISHED, State.SYN_RCVD)):
-                    m.d.sync += t.state.eq(State.CLOSE_WAIT)
-                with m.If(_in(t.state, State.FIN_WAIT_1) & fin_acked):
-                    m.d.sync += t.state.eq(State.TIME_WAIT)
-                with m.If(_in(t.state, State.FIN_WAIT_1) & ~fin_acked):
-                    m.d.sync += t.state.eq(State.CLOSING)
-                with m.If(_in(t.state, State.FIN_WAIT_2)):
-                    m.d.sync += t.state.eq(State.TIME_WAIT)
-
+        # ---- RX cycle B: act (RFC 9293 3.10.7), in the RFC's order (a later assignment wins).
         with fsm.state("RX_B"):
             drop_payload()
             fsm.goto("FIX")
             with m.If(park_held):
                 m.d.sync += park_poke.eq(1)     # RCV.NXT may have reached the park
-            with m.If(_in(t.state, State.CLOSED)):
-                fsm.goto("NO_CONN")        # the listening slot was closed meanwhile
-            with m.Elif(_in(t.state, State.LISTEN)):
-                # RFC 9293 3.10.7.2: a SYN takes the slot to SYN-RECEIVED (TX sends SYN-ACK).
-                with m.If(~rst & ackf):
-                    reset_reply()
-                with m.Elif(syn & ~rst):
-                    take_syn_options()
-                    m.d.sync += [t.remote_ip.eq(s.src_ip), t.remote_port.eq(s.src_port),
-                                 t.local_port.eq(s.dst_port), t.state.eq(State.SYN_RCVD),
-                                 l_valid.bit_select(listen_idx, 1).eq(0), insert.eq(1)]
-                    fsm.goto("ISN")
-            with m.Elif(_in(t.state, State.SYN_SENT)):
-                # RFC 9293 3.10.7.3.
-                with m.If(ackf & ~ack_new):
-                    reset_reply()
-                with m.Elif(rst):
-                    with m.If(ackf):
-                        free(EventKind.RESET)
-                        count("resets")
-                with m.Elif(syn):
-                    take_syn_options()
-                    with m.If(ackf):
-                        m.d.sync += [t.snd_una.eq(s.ack), t.state.eq(State.ESTABLISHED),
-                                     t.ack_now.eq(1), t.rto_armed.eq(0), t.retries.eq(0)]
-                        event(0, EventKind.ESTABLISHED)
-                        rtt_update()
-                    with m.Else():
-                        m.d.sync += [t.state.eq(State.SYN_RCVD), t.snd_nxt.eq(t.snd_una)]
-            with m.Else():
-                # RFC 9293 3.10.7.4, the synchronised states, in the RFC's order.
-                with m.If(~acceptable):
-                    with m.If(_in(t.state, State.SYN_RCVD) & ~rst):
-                        m.d.sync += t.snd_nxt.eq(t.snd_una)     # send the SYN-ACK again
-                    with m.Elif(~rst):
-                        m.d.sync += t.ack_now.eq(1)
-                    dropped()
-                with m.Elif(rst):
-                    with m.If(at_rcv_nxt):                      # RFC 5961 3.2
-                        free(EventKind.RESET)
-                        count("resets")
-                    with m.Else():
-                        challenge()
-                with m.Elif(syn):                               # RFC 5961 4.2
-                    challenge()
-                with m.Elif(~ackf):
-                    dropped()
-                with m.Elif(_in(t.state, State.SYN_RCVD) & ~ack_new):
-                    reset_reply()
-                with m.Elif(ack_future | ack_too_old):          # RFC 5961 5.2
-                    challenge()
+            with m.If(act["p_closed"]):
+                fsm.goto("NO_CONN")
+            with m.If(act["p_reply"]):
+                reset_reply()
+            # RFC 9293 3.10.7.2: a SYN takes the slot to SYN-RECEIVED (TX sends SYN-ACK).
+            with m.If(act["p_l_syn"]):
+                take_syn_options()
+                m.d.sync += [t.remote_ip.eq(s.src_ip), t.remote_port.eq(s.src_port),
+                             t.local_port.eq(s.dst_port), t.state.eq(State.SYN_RCVD),
+                             l_valid.bit_select(listen_idx, 1).eq(0), insert.eq(1)]
+                fsm.goto("ISN")
+            # RFC 9293 3.10.7.3 (SYN-SENT) and RFC 5961 3.2 (a RST exactly at RCV.NXT).
+            with m.If(act["p_reset"]):
+                free(EventKind.RESET)
+                count("resets")
+            with m.If(act["p_ss_syn"]):
+                take_syn_options()
+            with m.If(act["p_ss_synack"]):
+                m.d.sync += [t.snd_una.eq(s.ack), t.state.eq(State.ESTABLISHED),
+                             t.ack_now.eq(1), t.rto_armed.eq(0), t.retries.eq(0)]
+                event(0, EventKind.ESTABLISHED)
+                rtt_update()
+            with m.If(act["p_ss_synonly"]):
+                m.d.sync += [t.state.eq(State.SYN_RCVD), t.snd_nxt.eq(t.snd_una)]
+            # RFC 9293 3.10.7.4, the synchronised states.
+            with m.If(act["p_unacc_sr"]):
+                m.d.sync += t.snd_nxt.eq(t.snd_una)     # send the SYN-ACK again
+            with m.If(act["p_unacc_ack"]):
+                m.d.sync += t.ack_now.eq(1)
+            with m.If(act["p_drop"]):
+                dropped()
+            with m.If(act["p_challenge"]):                  # RFC 5961 3.2, 4.2, 5.2
+                challenge()
+            # "fifth": the ACK field.
+            with m.If(act["pa_sr"]):
+                m.d.sync += t.state.eq(State.ESTABLISHED)
+                event(0, EventKind.ESTABLISHED)
+            with m.If(act["pa_new"]):
+                m.d.sync += [t.snd_una.eq(s.ack), t.dupacks.eq(0), t.retries.eq(0),
+                             t.rto_armed.eq(0), t.fast_rtx.eq(0)]
+                with m.If(nxt_before_ack):
+                    m.d.sync += t.snd_nxt.eq(s.ack)
+                rtt_update()
+            with m.If(act["pa_fw2"]):
+                m.d.sync += t.state.eq(State.FIN_WAIT_2)
+            with m.If(act["pa_tw"]):
+                m.d.sync += t.state.eq(State.TIME_WAIT)
+            with m.If(act["pa_free"]):
+                free(EventKind.CLOSED)
+            with m.If(act["pa_dup"]):
+                count("dup_acks")
+                count_conn("dup_acks")
+                m.d.sync += t.dupacks.eq(Mux(eq(t.dupacks, 3), 3, t.dupacks + 1))
+                with m.If(eq(t.dupacks, 2)):
+                    m.d.sync += t.fast_rtx.eq(1)
+            with m.If(act["pa_wnd"]):
+                m.d.sync += [t.snd_wnd.eq(s.window), t.snd_wl1.eq(s.seq)]
+            # "seventh": in-order bytes only; a segment that starts past RCV.NXT may be parked;
+            # anything else is dropped and ACKed.
+            with m.If(act["rd_deliver"]):
+                m.d.sync += [verdict.deliver.eq(1), verdict.trim.eq(trim),
+                             verdict.length.eq(deliver_len), t.rcv_nxt.eq(seg_end)]
+                with m.If(t.unacked_seg | (s.flags & PSH).any()):
+                    m.d.sync += [t.ack_now.eq(1), t.unacked_seg.eq(0)]
                 with m.Else():
-                    process_ack()
-                    receive_data()
-                    receive_fin()
+                    m.d.sync += t.unacked_seg.eq(1)
+                    with m.If(~t.ack_delayed):
+                        m.d.sync += [t.ack_delayed.eq(1),
+                                     t.dack_deadline.eq(add(now, self.dack_ticks))]
+                with m.If(park_mine):
+                    # It fills all or part of the hole before the parked run: ACKed at once
+                    # (RFC 5681 4.2), with the run's SACK block while a hole is left.
+                    m.d.sync += [t.ack_now.eq(1), t.ack_pure.eq(1), t.unacked_seg.eq(0)]
+            with m.If(act["rd_park"]):
+                m.d.sync += [t.ack_now.eq(1), t.ack_pure.eq(1), verdict.park.eq(1),
+                             park_end.eq(seg_end), park_count.eq(park_count + 1)]
+                m.d.comb += [parked.w_en.eq(1), parked.w_data.eq(s.length)]
+                with m.If(is_zero(park_count)):
+                    m.d.sync += [park_conn.eq(conn), park_head.eq(s.seq)]
+                count("rx_parked")
+            with m.If(act["rd_drop"]):
+                m.d.sync += [t.ack_now.eq(1), t.ack_pure.eq(1)]
+            # "eighth": the FIN, once every byte before it is in.
+            with m.If(act["rf"]):
+                m.d.sync += [t.rcv_nxt.eq(seg_end1), t.ack_now.eq(1)]
+                event(1, EventKind.PEER_FIN)
+            with m.If(act["rf_cw"]):
+                m.d.sync += t.state.eq(State.CLOSE_WAIT)
+            with m.If(act["rf_tw"]):
+                m.d.sync += t.state.eq(State.TIME_WAIT)
+            with m.If(act["rf_closing"]):
+                m.d.sync += t.state.eq(State.CLOSING)
 
         # ---- ISN for a passive (SYN in LISTEN) or an active (CONNECT) open.
         with fsm.state("ISN"):
@@ -796,28 +994,45 @@ class TcpControl(wiring.Component):
         # waiting for their turn and with the other connections' traffic. A segment that
         # finds the buffer full anyway is dropped (``rx_no_buffer``) and sent again.
         adv_field = Signal(16)
+        win_open = Signal()         # window_open, as TX_A found it
+        nxt_behind_max = Signal()   # SND.NXT < SND.MAX: data from SND.NXT was sent before
+        syn_again = Signal()        # SND.MAX != SND.UNA: the SYN was sent before
         with fsm.state("TX_A"):
-            sent_end = Mux(_before(t.snd_max, t.snd_end), t.snd_max, t.snd_end)
             m.d.sync += [avail.eq(Mux(data_waiting, t.snd_ready - t.snd_nxt, 0)),
                          to_end.eq(t.snd_end - t.snd_nxt),
+                         win_open.eq(window_open),
                          usable.eq(Mux(window_open, (wnd_right - t.snd_nxt)[:32], 0)),
-                         una_span.eq(sent_end - t.snd_una),
+                         una_span.eq(Mux(_before(t.snd_max, t.snd_end), t.snd_max - t.snd_una,
+                                         t.snd_end - t.snd_una)),
+                         nxt_behind_max.eq(_before(t.snd_nxt, t.snd_max)),
+                         syn_again.eq(t.snd_max != t.snd_una),
                          sack_due.eq(t.sack_on & park_mine & _before(t.rcv_nxt, park_head))]
-            free_right = wrap_add(m, t.rcv_nxt, free_wnd, 32, "free_right")
-            step = Const(self.mss, 32)
-            moved = _before(wrap_add(m, t.rcv_adv, step, 32, "adv_grow"), free_right)
+            moved = _before(adv_grow, free_right)       # both from LOADED
             held_field = Signal(16)
             m.d.comb += held_field.eq(Mux(t.ws_on, (rcv_wnd >> self.rcv_ws)[:16],
-                                          Mux(rcv_wnd > 0xFFFF, 0xFFFF, rcv_wnd)))
+                                          Mux(rcv_wnd[16:].any(), 0xFFFF, rcv_wnd[:16])))
             m.d.sync += adv_field.eq(Mux(moved, free_field, held_field))
             fsm.goto("TX_B")
 
-        def clip(value, limit):
-            return Mux(value > limit, limit, value)
+        # TX_A sets the geometry from SND.NXT; TX_B the lengths it allows; TX_C decides which
+        # segment (if any) and registers it; TX_D emits it; TX_E moves SND.NXT/SND.MAX past it.
+        # Split so that no cycle chains more than one or two carry chains (the core clock of
+        # the 1-byte configuration is 125 MHz).
+        data_len = Signal(16)       # min(avail, usable, MSS): the next data segment's length
+        data_all = Signal()         # data_len == avail: the segment empties the ring
+        fast_len = Signal(16)       # min(una_span, MSS): a fast retransmission's length
+        with fsm.state("TX_B"):
+            fsm.goto("TX_C")
+            mss32 = Signal(32)
+            m.d.comb += mss32.eq(t.mss)
+            avail_over_usable, avail_over_mss = avail > usable, avail > mss32
+            m.d.sync += [
+                data_len.eq(Mux(avail_over_usable, Mux(usable > mss32, mss32, usable),
+                                Mux(avail_over_mss, mss32, avail))[:16]),
+                data_all.eq(~avail_over_usable & ~avail_over_mss),
+                fast_len.eq(Mux(una_span > mss32, mss32, una_span)[:16]),
+            ]
 
-        # TX_B decides which segment (if any) and registers its geometry; TX_C emits it; TX_D
-        # moves SND.NXT/SND.MAX past it. Split so that no cycle chains more than one or two
-        # 32-bit carry chains (the core clock of the 1-byte configuration is 125 MHz).
         TxKind = ("NONE", "SYN", "FAST_RTX", "PROBE", "DATA", "ACK")
         tx_kind = Signal(range(len(TxKind)))
         tx_first = Signal(32)       # the segment's first sequence number
@@ -829,11 +1044,9 @@ class TcpControl(wiring.Component):
         def kind_is(name):
             return eq(tx_kind, TxKind.index(name))
 
-        with fsm.state("TX_B"):
-            fsm.goto("TX_C")
+        with fsm.state("TX_C"):
+            fsm.goto("TX_D")
             m.d.sync += tx_kind.eq(TxKind.index("NONE"))
-            data_len = Signal(16)
-            m.d.comb += data_len.eq(clip(clip(avail, usable), t.mss))
             data_len32 = Signal(32)
             m.d.comb += data_len32.eq(data_len)
 
@@ -841,28 +1054,28 @@ class TcpControl(wiring.Component):
                 m.d.sync += [tx_kind.eq(TxKind.index(name)), tx_first.eq(first),
                              tx_len.eq(length), tx_flags.eq(flags), tx_rtx.eq(retransmit)]
 
-            with m.If(opening & (t.snd_nxt == t.snd_una)):
+            with m.If(opening & una_at_nxt):
                 decide("SYN", t.snd_una, 0, Mux(_in(t.state, State.SYN_RCVD), SYN | ACK, SYN),
-                       t.snd_max != t.snd_una)
+                       syn_again)
             with m.Elif(synced & t.ack_now & t.ack_pure):
                 # An ACK for data out of order goes alone, ahead of data: the peer counts only
                 # ACKs without data as duplicates (RFC 5681 section 2).
                 decide("ACK", t.snd_nxt, 0, ACK, 0)
             with m.Elif(sending & t.fast_rtx):
-                decide("FAST_RTX", t.snd_una, clip(una_span, t.mss)[:16], ACK, 1)
+                decide("FAST_RTX", t.snd_una, fast_len, ACK, 1)
             with m.Elif(sending & t.probe & data_waiting):
                 decide("PROBE", t.snd_nxt, 1, ACK, 0)
-            with m.Elif(sending & ((data_waiting & window_open) | fin_due)):
+            with m.Elif(sending & ((data_waiting & win_open) | fin_due)):
                 # FIN on the segment that reaches the end of the queued data, PSH on the one
                 # that empties the ring (``to_end``, ``avail``: from SND.NXT, set in TX_A).
                 decide("DATA", t.snd_nxt, data_len,
                        Mux(t.fin_pending & (data_len32 == to_end), ACK | FIN,
-                           Mux(data_len32 == avail, ACK | PSH, ACK)),
-                       _before(t.snd_nxt, t.snd_max))
+                           Mux(data_all, ACK | PSH, ACK)),
+                       nxt_behind_max)
             with m.Elif(synced & t.ack_now):
                 decide("ACK", t.snd_nxt, 0, ACK, 0)
 
-        with fsm.state("TX_C"):
+        with fsm.state("TX_D"):
             fsm.goto("FIX")
             m.d.sync += [seg.conn.eq(conn), seg.dst_ip.eq(t.remote_ip),
                          seg.src_port.eq(t.local_port), seg.dst_port.eq(t.remote_port),
@@ -870,8 +1083,9 @@ class TcpControl(wiring.Component):
                          seg.mss.eq(self.mss), seg.ws.eq(self.rcv_ws), seg.syn_ws.eq(0),
                          seg.syn_sack.eq(0), seg.sack.eq(kind_is("ACK") & sack_due),
                          seg.sack_left.eq(park_head), seg.sack_right.eq(park_end)]
+            seq_flag = (tx_flags & (SYN | FIN)).any()     # SYN and FIN take a sequence number
             span = Signal(17)
-            m.d.comb += span.eq(tx_len + (tx_flags & (SYN | FIN)).any())
+            m.d.comb += span.eq(tx_len + seq_flag)
             after = Signal(32)
             m.d.comb += after.eq(wrap_add(m, tx_first, span, 32, "tx_after_sum"))
             adv_wnd = Signal(32)
@@ -890,10 +1104,10 @@ class TcpControl(wiring.Component):
                     count("retransmits")
                     count_conn("retransmits")
                     m.d.sync += t.rtt_active.eq(0)              # Karn's rule
-                with m.Elif(~t.rtt_active & ~is_zero(span)):
+                with m.Elif(~t.rtt_active & (tx_len.any() | seq_flag)):
                     m.d.sync += [t.rtt_active.eq(1), t.rtt_seq.eq(after), t.rtt_start.eq(now)]
                 with m.If(kind_is("SYN") | kind_is("PROBE") | kind_is("DATA")):
-                    fsm.goto("TX_D")
+                    fsm.goto("TX_E")
             with m.If(kind_is("SYN")):
                 # RFC 7323 2.2, RFC 2018 2: a SYN-ACK offers window scaling and SACK only if
                 # the SYN did.
@@ -908,21 +1122,25 @@ class TcpControl(wiring.Component):
             with m.If(kind_is("PROBE") | kind_is("DATA")):
                 m.d.sync += t.probe.eq(0)
 
-        with fsm.state("TX_D"):
+        with fsm.state("TX_E"):
             fsm.goto("FIX")
             m.d.sync += [t.snd_nxt.eq(tx_after),
                          t.snd_max.eq(Mux(_before(t.snd_max, tx_after), tx_after, t.snd_max))]
 
         # ---- Host chunk: admit it into the send ring, or drop one with nowhere to go.
+        # CHUNK finds whether it fits (`ring_used` from LOADED), CHUNK_B acts.
+        ring_over = Signal()
         with fsm.state("CHUNK"):
+            fsm.goto("CHUNK_B")
+            m.d.sync += ring_over.eq(gt(wrap_add(m, ring_used, chunk.length, 32, "ring_total"),
+                                        self.ring_bytes))
+        with fsm.state("CHUNK_B"):
             fsm.goto("FIX")
-            ring_used = wrap_sub(m, t.snd_end, t.snd_una, 32, "ring_used")
-            total = wrap_add(m, ring_used, chunk.length, 32, "ring_total")
             can_send = _in(t.state, State.ESTABLISHED, State.CLOSE_WAIT) & ~t.fin_pending
             with m.If(~can_send):
                 m.d.comb += self.i_chunk.ready.eq(1)
                 m.d.sync += [route_keep.eq(0), route_valid.eq(1)]
-            with m.Elif(gt(total, self.ring_bytes)):
+            with m.Elif(ring_over):
                 m.d.sync += chunk_retry.eq(0)
             with m.Else():
                 m.d.comb += self.i_chunk.ready.eq(1)
@@ -936,9 +1154,7 @@ class TcpControl(wiring.Component):
         # is gone; otherwise the park waits for the next segment of its connection.
         with fsm.state("PARK"):
             fsm.goto("FIX")
-            head_len = Signal(32)
-            m.d.comb += head_len.eq(parked.r_data)
-            head_end = wrap_add(m, park_head, head_len, 32, "park_head_end")
+            head_end = park_head_end                    # from LOADED
             gone = park_flush | ~receiving
             reached = ~_before(t.rcv_nxt, park_head)
             m.d.sync += [verdict.conn.eq(conn), verdict.deliver.eq(0), verdict.park.eq(0),
@@ -967,12 +1183,8 @@ class TcpControl(wiring.Component):
             with m.If(_before(t.snd_ready, written.seq) & ~_before(t.snd_end, written.seq)):
                 m.d.sync += t.snd_ready.eq(written.seq)
 
-        # ---- Commands (RFC 9293 3.10.1 OPEN, 3.10.4 CLOSE, 3.10.5 ABORT).
-        free_listen = Signal(range(max(ls, 2)))
-        have_listen = Signal()
-        for k in reversed(range(ls)):
-            with m.If(~l_valid[k]):
-                m.d.comb += [free_listen.eq(k), have_listen.eq(1)]
+        # ---- Commands (RFC 9293 3.10.1 OPEN, 3.10.4 CLOSE, 3.10.5 ABORT). LOADED registers
+        # which of CMD's actions apply to the command `cmd` (from TAKE) and the TCB loaded.
 
         def unlisten():
             for k in range(ls):
@@ -982,93 +1194,124 @@ class TcpControl(wiring.Component):
 
         with fsm.state("CMD"):
             fsm.goto("FIX")
-            closed = _in(t.state, State.CLOSED)
-            with m.If(_in(cmd.op, CommandOp.LISTEN)):
-                with m.If(closed & have_listen):
-                    m.d.sync += [t.state.eq(State.LISTEN), t.local_port.eq(cmd.local_port),
-                                 t.remote_ip.eq(0), t.remote_port.eq(0),
-                                 l_valid.bit_select(free_listen, 1).eq(1)]
-                    for k in range(ls):
-                        with m.If(eq(free_listen, k)):
-                            m.d.sync += [l_port[k].eq(cmd.local_port), l_conn[k].eq(conn)]
-                with m.Else():
-                    event(0, EventKind.ABORTED)
-            with m.If(_in(cmd.op, CommandOp.CONNECT)):
-                with m.If(closed):
-                    m.d.sync += [t.state.eq(State.SYN_SENT), t.local_port.eq(cmd.local_port),
-                                 t.remote_ip.eq(cmd.remote_ip),
-                                 t.remote_port.eq(cmd.remote_port), t.rcv_nxt.eq(0),
-                                 t.snd_wnd.eq(0), t.snd_ws.eq(0), t.ws_on.eq(0),
-                                 t.sack_on.eq(0), t.mss.eq(536), t.snd_wl1.eq(0), insert.eq(1)]
-                    fsm.goto("ISN")
-                with m.Else():
-                    event(0, EventKind.ABORTED)
-            with m.If(_in(cmd.op, CommandOp.CLOSE)):
-                with m.If(_in(t.state, State.LISTEN)):
-                    unlisten()
-                    event(0, EventKind.CLOSED)
-                with m.Elif(_in(t.state, State.SYN_SENT)):
-                    free(EventKind.CLOSED)
-                with m.Elif(_in(t.state, State.ESTABLISHED)):
-                    m.d.sync += [t.fin_pending.eq(1), t.state.eq(State.FIN_WAIT_1)]
-                with m.Elif(_in(t.state, State.CLOSE_WAIT)):
-                    m.d.sync += [t.fin_pending.eq(1), t.state.eq(State.LAST_ACK)]
-                with m.Elif(_in(t.state, State.SYN_RCVD)):
-                    reset_connection()
-                    free(EventKind.ABORTED)
-                with m.Elif(closed):
-                    event(0, EventKind.CLOSED)
-            with m.If(_in(cmd.op, CommandOp.ABORT)):
-                with m.If(_in(t.state, State.LISTEN)):
-                    unlisten()
-                    event(0, EventKind.ABORTED)
-                with m.Elif(closed):
-                    event(0, EventKind.ABORTED)
-                with m.Else():
-                    with m.If(synced):
-                        reset_connection()
-                    free(EventKind.ABORTED)
+            with m.If(cact["listen"]):
+                m.d.sync += [t.state.eq(State.LISTEN), t.local_port.eq(cmd.local_port),
+                             t.remote_ip.eq(0), t.remote_port.eq(0),
+                             l_valid.bit_select(free_listen, 1).eq(1)]
+                for k in range(ls):
+                    with m.If(eq(free_listen, k)):
+                        m.d.sync += [l_port[k].eq(cmd.local_port), l_conn[k].eq(conn)]
+            with m.If(cact["connect"]):
+                m.d.sync += [t.state.eq(State.SYN_SENT), t.local_port.eq(cmd.local_port),
+                             t.remote_ip.eq(cmd.remote_ip),
+                             t.remote_port.eq(cmd.remote_port), t.rcv_nxt.eq(0),
+                             t.snd_wnd.eq(0), t.snd_ws.eq(0), t.ws_on.eq(0),
+                             t.sack_on.eq(0), t.mss.eq(536), t.snd_wl1.eq(0), insert.eq(1)]
+                fsm.goto("ISN")
+            with m.If(cact["unlisten"]):
+                unlisten()
+            with m.If(cact["closed_event"]):
+                event(0, EventKind.CLOSED)
+            with m.If(cact["aborted_event"]):
+                event(0, EventKind.ABORTED)
+            with m.If(cact["free_closed"]):
+                free(EventKind.CLOSED)
+            with m.If(cact["fin_wait"]):
+                m.d.sync += [t.fin_pending.eq(1), t.state.eq(State.FIN_WAIT_1)]
+            with m.If(cact["last_ack"]):
+                m.d.sync += [t.fin_pending.eq(1), t.state.eq(State.LAST_ACK)]
+            with m.If(cact["reset"]):
+                reset_connection()
+            with m.If(cact["free_aborted"]):
+                free(EventKind.ABORTED)
 
         # ---- Timer visit (RFC 6298 5.4-5.7, RFC 9293 3.8.6.1 persist, 3.10.8 timeouts).
+        # TIMER decides (registered), TIMER_B acts.
+        dack_fire, rto_fire = Signal(), Signal()
+        tw_close, probe_fire, give_up, retry = Signal(), Signal(), Signal(), Signal()
+        rto_doubled = Signal(TIME_BITS)
         with fsm.state("TIMER"):
+            fsm.goto("TIMER_B")
+            fire = t.rto_armed & _reached(now, t.rto_deadline)
+            tw = _in(t.state, State.TIME_WAIT)
+            exhausted = t.retries >= self.max_retries
+            m.d.sync += [
+                dack_fire.eq(t.ack_delayed & _reached(now, t.dack_deadline)),
+                rto_fire.eq(fire),
+                tw_close.eq(fire & tw),
+                probe_fire.eq(fire & ~tw & persist),
+                give_up.eq(fire & ~tw & ~persist & needs_timer & exhausted),
+                retry.eq(fire & ~tw & ~persist & needs_timer & ~exhausted),
+                rto_doubled.eq(Mux(gt(t.rto_cur, self.rto_max >> 1), self.rto_max,
+                                   t.rto_cur << 1)),
+            ]
+        with fsm.state("TIMER_B"):
             fsm.goto("FIX")
-            with m.If(t.ack_delayed & _reached(now, t.dack_deadline)):
+            with m.If(dack_fire):
                 m.d.sync += [t.ack_now.eq(1), t.ack_delayed.eq(0)]
-            with m.If(t.rto_armed & _reached(now, t.rto_deadline)):
+            with m.If(rto_fire):
                 m.d.sync += t.rto_armed.eq(0)
-                doubled = Mux(gt(t.rto_cur, self.rto_max >> 1), self.rto_max, t.rto_cur << 1)
-                with m.If(_in(t.state, State.TIME_WAIT)):
-                    free(EventKind.CLOSED)
-                with m.Elif(persist):
-                    m.d.sync += [t.probe.eq(1), t.rto_cur.eq(doubled)]
-                with m.Elif(needs_timer):
-                    with m.If(t.retries >= self.max_retries):
-                        with m.If(synced):
-                            reset_connection()
-                        free(EventKind.TIMEOUT)
-                        count("timeouts")
-                    with m.Else():
-                        m.d.sync += [t.retries.eq(t.retries + 1), t.snd_nxt.eq(t.snd_una),
-                                     t.rto_cur.eq(doubled), t.rtt_active.eq(0),
-                                     t.dupacks.eq(0), t.fast_rtx.eq(0)]
+            with m.If(tw_close):
+                free(EventKind.CLOSED)
+            with m.If(probe_fire):
+                m.d.sync += [t.probe.eq(1), t.rto_cur.eq(rto_doubled)]
+            with m.If(give_up):
+                with m.If(synced):
+                    reset_connection()
+                free(EventKind.TIMEOUT)
+                count("timeouts")
+            with m.If(retry):
+                m.d.sync += [t.retries.eq(t.retries + 1), t.snd_nxt.eq(t.snd_una),
+                             t.rto_cur.eq(rto_doubled), t.rtt_active.eq(0),
+                             t.dupacks.eq(0), t.fast_rtx.eq(0)]
 
-        # ---- Common end: the RTO from a new sample (RFC 6298 2.3, 2.4).
+        # ---- Common end: the derived values again, for COMMIT; a later RTT sample averaged in
+        # (RTT_A, RTT_B: RFC 6298 2.3, SRTT and RTTVAR scaled by 8 and 4, ``rtt - SRTT`` and
+        # ``RTTVAR - RTTVAR/4`` first), then FIX again; the RTO from a new sample (RTO: 2.3,
+        # 2.4, from the sum FIX registers).
+        rtt_diff = Signal(TIME_BITS + 1)    # R' - SRTT (its top bit: negative)
+        rtt_ndiff = Signal(TIME_BITS)       # SRTT - R'
+        rttvar_kept = Signal(TIME_BITS)     # RTTVAR4 - RTTVAR4/4
+        rto_sum = Signal(TIME_BITS + 1)     # SRTT + max(G, K*RTTVAR), G one tick
+        timer_off = Signal()        # nothing needs the retransmission timer: disarm it
+        timer_arm = Signal()        # something needs it and it is not armed: arm it
         with fsm.state("FIX"):
+            waiting, flying = derive(t, "fixed")
+            stuck = sending & ~flying & is_zero(t.snd_wnd) & waiting     # `persist`, of `t`
+            needed = opening | (synced & flying) | stuck | _in(t.state, State.TIME_WAIT)
+            m.d.sync += [timer_off.eq(~needed), timer_arm.eq(needed & ~t.rto_armed)]
+            m.d.sync += rto_sum.eq((t.srtt8 >> 3) + Mux(is_zero(t.rttvar4), 1, t.rttvar4))
+            with m.If(rtt_avg):
+                fsm.goto("RTT_A")
+            with m.Elif(rto_update):
+                fsm.goto("RTO")
+            with m.Else():
+                fsm.goto("COMMIT")
+        with fsm.state("RTT_A"):
+            fsm.goto("RTT_B")
+            m.d.sync += [rtt_diff.eq(rtt - (t.srtt8 >> 3)),
+                         rtt_ndiff.eq(((t.srtt8 >> 3) - rtt)[:TIME_BITS]),
+                         rttvar_kept.eq(wrap_sub(m, t.rttvar4, t.rttvar4 >> 2, TIME_BITS,
+                                                 "rttvar_kept"))]
+        with fsm.state("RTT_B"):
+            fsm.goto("FIX")
+            mag = Mux(rtt_diff[TIME_BITS], rtt_ndiff, rtt_diff[:TIME_BITS])
+            m.d.sync += [rtt_avg.eq(0),
+                         t.srtt8.eq((t.srtt8 + rtt_diff[:TIME_BITS])[:TIME_BITS]),
+                         t.rttvar4.eq(wrap_add(m, rttvar_kept, mag, TIME_BITS, "rttvar_new"))]
+        with fsm.state("RTO"):
             fsm.goto("COMMIT")
-            with m.If(rto_update):
-                rto = Signal(TIME_BITS + 1)
-                m.d.comb += rto.eq((t.srtt8 >> 3) + Mux(is_zero(t.rttvar4), 1, t.rttvar4))
-                m.d.sync += t.rto_cur.eq(Mux(lt(rto, self.rto_min), self.rto_min,
-                                             Mux(gt(rto, self.rto_max), self.rto_max, rto)))
+            m.d.sync += t.rto_cur.eq(Mux(lt(rto_sum, self.rto_min), self.rto_min,
+                                         Mux(gt(rto_sum, self.rto_max), self.rto_max, rto_sum)))
 
         # Write back, with the timer armed exactly while something needs it (RFC 6298 5.1-5.3).
         with fsm.state("COMMIT"):
             fsm.goto("EVENTS")
             tcb_next = Signal(tcb_shape)
             m.d.comb += tcb_next.eq(t)
-            with m.If(~needs_timer):
+            with m.If(timer_off):
                 m.d.comb += tcb_next.rto_armed.eq(0)
-            with m.Elif(~t.rto_armed):
+            with m.Elif(timer_arm):
                 timeout = Mux(_in(t.state, State.TIME_WAIT), self.time_wait_ticks, t.rto_cur)
                 m.d.comb += [tcb_next.rto_armed.eq(1),
                              tcb_next.rto_deadline.eq(wrap_add(m, now, timeout, TIME_BITS,
@@ -1086,13 +1329,15 @@ class TcpControl(wiring.Component):
                 routes.w_en.eq(route_valid), routes.w_data.eq(route_keep),
             ]
             is_queued = select(m, conn, list(queued), 1, "is_queued")
-            with m.If(~no_tcb & wants_tx & ~is_queued):
-                m.d.comb += [ready.w_en.eq(1), ready.w_data.eq(conn)]
-                m.d.sync += queued.bit_select(conn, 1).eq(1)
+            m.d.sync += enqueue.eq(~no_tcb & wants_tx & ~is_queued)
             with m.If(~eq(kind, K_CHUNK)):
                 m.d.sync += chunk_retry.eq(1)
 
+        # EVENTS: the connection joins the ready queue (in its first cycle), and the events go.
         with fsm.state("EVENTS"):
+            with m.If(enqueue):
+                m.d.comb += [ready.w_en.eq(1), ready.w_data.eq(conn)]
+                m.d.sync += [queued.bit_select(conn, 1).eq(1), enqueue.eq(0)]
             report = Signal(Event(self.conns))
             m.d.comb += [report.kind.eq(Mux(ev_valid[0], ev[0], ev[1])), report.conn.eq(conn),
                          report.local_port.eq(t.local_port), report.remote_ip.eq(t.remote_ip),
@@ -1107,11 +1352,6 @@ class TcpControl(wiring.Component):
 
         # The lookup table follows the slot: removed when freed, added when addressed.
         with fsm.state("TABLE"):
-            m.d.comb += [lookup.i_remove.payload.conn.eq(conn),
-                         lookup.i_insert.payload.conn.eq(conn),
-                         lookup.i_insert.payload.key.remote_ip.eq(t.remote_ip),
-                         lookup.i_insert.payload.key.remote_port.eq(t.remote_port),
-                         lookup.i_insert.payload.key.local_port.eq(t.local_port)]
             with m.If(release):
                 m.d.comb += lookup.i_remove.valid.eq(1)
                 with m.If(lookup.i_remove.ready):
@@ -1127,4 +1367,5 @@ class TcpControl(wiring.Component):
         # own update of `sweep`, so a tick always wins).
         with m.If(tick_count == self.tick_cycles - 1):
             m.d.sync += sweep.eq(conns)
+        fsm.done()
         return m

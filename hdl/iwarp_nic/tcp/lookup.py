@@ -20,7 +20,8 @@ from amaranth.lib.wiring import In, Out
 from ..exact import Machine, add, eq, lt, ne
 from .layouts import ConnKey, conn_bits
 
-__all__ = ["ConnLookup", "LookupResult", "InsertRequest", "RemoveRequest", "bucket_hash"]
+__all__ = ["ConnLookup", "LookupResult", "InsertRequest", "RemoveRequest", "bucket_hash",
+           "hash_round1", "hash_round2"]
 
 
 def LookupResult(conns):
@@ -58,9 +59,20 @@ def bucket_hash(m, key, hash_key, bits, name):
     depend on the secret. It is a cheap mix, not a PRF: it stops a peer from precomputing
     colliding 4-tuples, not one that can time many lookups to learn the secret.
     """
+    a, b = hash_round1(key, hash_key)
+    return hash_round2(m, a, b, bits, name)
+
+
+def hash_round1(key, hash_key):
+    """The first addition of :func:`bucket_hash`: ``(a + b, b)`` (32 bits each)."""
     a = key.remote_ip ^ hash_key
     b = Cat(key.local_port, key.remote_port) ^ hash_key.rotate_left(16)
-    a = (a + b)[:32]
+    return (a + b)[:32], b
+
+
+def hash_round2(m, a, b, bits, name):
+    """The rest of :func:`bucket_hash` from :func:`hash_round1`'s ``(a, b)``: a ``bits``-bit
+    Signal named ``name``."""
     b = b.rotate_left(7) ^ a
     a = (a.rotate_left(16) + b)[:32]
     b = b.rotate_left(13) ^ a
@@ -105,9 +117,9 @@ class ConnLookup(wiring.Component):
     ========================  ==============================  ===========================
     operation                 ``o_lookup.valid`` from cycle   next request accepted from
     ========================  ==============================  ===========================
-    lookup, hit               3 + p                           3 + p
-    lookup, miss              2 + n (2 on an empty bucket)    2 + n
-    insert                    --                              2
+    lookup, hit               5 + p                           5 + p
+    lookup, miss              4 + n (4 on an empty bucket)    4 + n
+    insert                    --                              4
     remove, present           --                              4 + p
     remove, absent            --                              2
     ========================  ==============================  ===========================
@@ -116,9 +128,11 @@ class ConnLookup(wiring.Component):
     caller broke the insert contract. After reset the table is emptied by writing every bucket
     and key entry: the inputs are not ready for the first max(``buckets``, ``conns``) cycles.
 
-    The bucket read address is :func:`bucket_hash` of ``i_lookup``'s or ``i_insert``'s payload,
-    combinationally (two hash units, one each): feed them from registers (e.g. a
-    :class:`~iwarp_nic.stream.SkidBuffer`).
+    A lookup's or an insert's key is registered as it is accepted and hashed over the next two
+    cycles (one addition each) into the bucket register, which addresses the bucket memory
+    (read asynchronously); a remove hashes the key read back from the key memory the same
+    way. So no path runs from an input through :func:`bucket_hash`, and no cycle chains its
+    two additions or one of them with a memory read.
 
     Parameters
     ----------
@@ -154,9 +168,10 @@ class ConnLookup(wiring.Component):
         link = _link(conns)
         per_conn = max(conns, 2)                 # a memory of depth 1 has a zero-width address
         m.submodules.bucket_mem = bucket_mem = Memory(shape=link, depth=self.buckets, init=[])
+        # bucket_rd reads asynchronously at the `bucket` register (below).
         m.submodules.next_mem = next_mem = Memory(shape=link, depth=per_conn, init=[])
         m.submodules.key_mem = key_mem = Memory(shape=_KeyEntry, depth=per_conn, init=[])
-        bucket_rd, bucket_wr = bucket_mem.read_port(), bucket_mem.write_port()
+        bucket_rd, bucket_wr = bucket_mem.read_port(domain="comb"), bucket_mem.write_port()
         next_rd, next_wr = next_mem.read_port(), next_mem.write_port()
         key_rd, key_wr = key_mem.read_port(), key_mem.write_port()
         # key_rd and next_rd always read the same connection: the one the walk is at.
@@ -164,16 +179,15 @@ class ConnLookup(wiring.Component):
         m.d.comb += [key_rd.addr.eq(walk_addr), next_rd.addr.eq(walk_addr)]
 
         look, ins, rem, out = self.i_lookup, self.i_insert, self.i_remove, self.o_lookup
-        # Two hash units, so that no path runs from o_lookup.ready through a hash: the lookup
-        # key's, and the update's (the insert's key, or the key read back for a remove).
-        update_key = Signal(ConnKey)
-        lookup_bucket = bucket_hash(m, look.payload, self.hash_key, self.bucket_bits,
-                                    "lookup_bucket")
-        update_bucket = bucket_hash(m, update_key, self.hash_key, self.bucket_bits,
-                                    "update_bucket")
-
         bucket = Signal(self.bucket_bits)        # the bucket of the operation's key
-        req_key = Signal(ConnKey)                # the key being looked up
+        req_key = Signal(ConnKey)                # the key being looked up or inserted
+        # The hash in two cycles, one addition each, from registers: its first round of the
+        # key accepted (HASH) or of the key read back for a remove (R_KEY) into `half_a` and
+        # `half_b`, then the rest (HASH2, R_HASH2) into `bucket`.
+        half_a, half_b = Signal(32), Signal(32)
+        accepted_a, accepted_b = hash_round1(req_key, self.hash_key)
+        removed_a, removed_b = hash_round1(key_rd.data.key, self.hash_key)
+        half_bucket = hash_round2(m, half_a, half_b, self.bucket_bits, "half_bucket")
         conn = Signal(self._conn_bits)           # the connection being inserted or removed
         cur = Signal(self._conn_bits)            # the chain entry the walk is at
         steps = Signal(self._conn_bits)          # next pointers followed so far
@@ -200,11 +214,10 @@ class ConnLookup(wiring.Component):
             return pointer.valid & ne(steps, conns - 1)
 
         # Defaults: the walk follows the next pointer just read; the bucket is the latched one.
-        m.d.comb += [walk_addr.eq(next_rd.data.conn), bucket_rd.addr.eq(bucket),
-                     update_key.eq(key_rd.data.key)]
+        m.d.comb += [walk_addr.eq(next_rd.data.conn), bucket_rd.addr.eq(bucket)]
 
-        state = Machine(m, ["CLEAR", "IDLE", "L_BUCKET", "L_CHECK", "INSERT",
-                            "R_KEY", "R_BUCKET", "R_HEAD", "R_WALK"], "state")
+        state = Machine(m, ["CLEAR", "IDLE", "HASH", "HASH2", "L_BUCKET", "L_CHECK", "INSERT",
+                            "R_KEY", "R_HASH2", "R_HEAD", "R_WALK"], "state", onehot=True)
         with state.state("CLEAR"):
             sweep = Signal(range(max(self.buckets, conns)))
             m.d.sync += sweep.eq(add(sweep, 1))
@@ -220,22 +233,31 @@ class ConnLookup(wiring.Component):
             take_remove = ~take_lookup & rem.valid & (insert_last | ~ins.valid)
             take_insert = ~take_lookup & ~take_remove & ins.valid
             m.d.comb += [look.ready.eq(take_lookup), rem.ready.eq(take_remove),
-                         ins.ready.eq(take_insert),
-                         update_key.eq(ins.payload.key), walk_addr.eq(rem.payload.conn),
-                         bucket_rd.addr.eq(update_bucket)]
-            m.d.sync += [bucket.eq(update_bucket), req_key.eq(look.payload)]
+                         ins.ready.eq(take_insert), walk_addr.eq(rem.payload.conn)]
+            m.d.sync += req_key.eq(look.payload)
             with m.If(take_lookup):
-                m.d.comb += bucket_rd.addr.eq(lookup_bucket)
                 m.d.sync += lookup_last.eq(1)
-                state.goto("L_BUCKET")
+                state.goto("HASH")
             with m.If(take_insert):
-                m.d.sync += [lookup_last.eq(0), insert_last.eq(1), conn.eq(ins.payload.conn)]
+                m.d.sync += [lookup_last.eq(0), insert_last.eq(1), conn.eq(ins.payload.conn),
+                             req_key.eq(ins.payload.key)]
                 m.d.comb += [key_wr.en.eq(1), key_wr.addr.eq(ins.payload.conn),
                              key_wr.data.key.eq(ins.payload.key), key_wr.data.used.eq(1)]
-                state.goto("INSERT")
+                state.goto("HASH")
             with m.If(take_remove):
                 m.d.sync += [lookup_last.eq(0), insert_last.eq(0), conn.eq(rem.payload.conn)]
                 state.goto("R_KEY")
+
+        # --- the key accepted (a lookup's or an insert's) -> its bucket -------------------------
+        with state.state("HASH"):
+            m.d.sync += [half_a.eq(accepted_a), half_b.eq(accepted_b)]
+            state.goto("HASH2")
+        with state.state("HASH2"):
+            m.d.sync += bucket.eq(half_bucket)
+            with m.If(lookup_last):
+                state.goto("L_BUCKET")
+            with m.Else():
+                state.goto("INSERT")
 
         # --- lookup: bucket -> head, then compare and follow next pointers ---------------------
         with state.state("L_BUCKET"):
@@ -267,13 +289,15 @@ class ConnLookup(wiring.Component):
 
         # --- remove: read the entry, hash its key, find its predecessor and unlink it ----------
         with state.state("R_KEY"):
-            m.d.sync += [bucket.eq(update_bucket), victim_next.eq(next_rd.data)]
+            m.d.sync += [half_a.eq(removed_a), half_b.eq(removed_b),
+                         victim_next.eq(next_rd.data)]
             with m.If(key_rd.data.used):
-                state.goto("R_BUCKET")
+                state.goto("R_HASH2")
             with m.Else():
                 state.goto("IDLE")
-        with state.state("R_BUCKET"):
-            state.goto("R_HEAD")                 # bucket_rd reads the latched bucket
+        with state.state("R_HASH2"):
+            m.d.sync += bucket.eq(half_bucket)
+            state.goto("R_HEAD")
         with state.state("R_HEAD"):
             head = bucket_rd.data
             m.d.comb += walk_addr.eq(head.conn)
@@ -300,4 +324,5 @@ class ConnLookup(wiring.Component):
             with m.Else():
                 forget(conn)
                 state.goto("IDLE")
+        state.done()
         return m

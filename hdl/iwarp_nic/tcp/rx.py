@@ -84,7 +84,8 @@ class TcpRx(wiring.Component):
     payload in place when it handles the record.
 
     Throughput: one input beat per cycle within a segment, and one cycle between segments (the
-    next IPv4 header is taken in the cycle the previous segment's record is written), as long as
+    next IPv4 header is taken in the cycle the previous segment's record is written, once it
+    has been on offer for two cycles: its pseudo-header sum is staged), as long as
     the option walker is done: it walks one option per cycle (an EOL or a malformed option
     counts as one) from the cycle after the option area has streamed in, so it is hidden
     behind a segment's payload but adds its cycles to a segment whose options end in its last
@@ -159,6 +160,8 @@ class TcpRx(wiring.Component):
         options = Signal(8 * OPTION_BYTES)  # bytes 20..59, once taken
         bad_in = Signal()               # input err, or seg_len != tcp_length
         bad_sum = Signal()
+        short = Signal()                # seg_len < 20, registered with it (out of `finish`'s
+        longer = Signal()               # paths into the next header's ready); seg_len > 20
         counted = Signal()              # the trim has the count for its options
 
         take = self.i.valid & self.i.ready
@@ -191,7 +194,8 @@ class TcpRx(wiring.Component):
                 m.d.sync += odd.eq(~odd)
             with m.If(beat.last):
                 m.d.sync += [ended.eq(1), seg_len.eq(end_len), bad_in.eq(end_bad_in),
-                             bad_sum.eq(end_bad_sum)]
+                             bad_sum.eq(end_bad_sum), short.eq(lt(end_len, 20)),
+                             longer.eq(gt(end_len, 20))]
             # Capture the data offset and the option area as they stream past.
             for first in range(12 // n * n, 20 + OPTION_BYTES, n):
                 with m.If(eq(seen, first)):
@@ -269,10 +273,10 @@ class TcpRx(wiring.Component):
         rec_kind = Signal(2)
         rec_data = Signal()             # an o_data packet belongs to it
         release = Signal()
-        parsed = ~lt(seg_len, 20) & (gt(seg_len, 20) | ~(bad_in | bad_sum))
+        parsed = ~short & (longer | ~(bad_in | bad_sum))
         header_done = ~parsed | (hdr.valid & (counted | ~hdr.payload.has_payload))
         finish = busy & ended & header_done & walk_done & (~rec_valid | release)
-        bad_header = lt(seg_len, 20) | ~offset_ok
+        bad_header = short | ~offset_ok
         f = hdr.payload.fields
         with m.If(finish):
             m.d.comb += hdr.ready.eq(parsed)
@@ -295,14 +299,27 @@ class TcpRx(wiring.Component):
         # The next IPv4 header is taken when idle, or in the cycle the previous segment ends.
         ip_tcp_length = Signal(16)
         m.d.comb += ip_tcp_length.eq(_minus(ip.total_length, Cat(C(0, 2), ip.ihl, C(0, 10))))
-        pseudo_sum = ones_sum(m, [ip.src[16:], ip.src[:16], ip.dst[16:], ip.dst[:16],
-                                  ip_tcp_length], "pseudo_sum")
-        m.d.comb += self.i_header.ready.eq(~busy | finish)
+        # The pseudo-header sum is staged over two cycles from the header offered (held while
+        # offered): the TCP length and the sums of each address's words, then their sum. A
+        # header is taken from its third cycle on offer (the next one usually waits that long
+        # behind the segment before it).
+        ph_len, ph_src, ph_dst, pseudo_sum = (Signal(16, name=n) for n in (
+            "ph_len", "ph_src", "ph_dst", "pseudo_sum"))
+        offered = Signal(2)             # cycles the header has been on offer, up to 2
+        m.d.sync += [ph_len.eq(ip_tcp_length),
+                     ph_src.eq(ones_sum(m, [ip.src[16:], ip.src[:16]], "ph_src_sum")),
+                     ph_dst.eq(ones_sum(m, [ip.dst[16:], ip.dst[:16]], "ph_dst_sum")),
+                     pseudo_sum.eq(ones_sum(m, [ph_src, ph_dst, ph_len], "pseudo_sum_stage"))]
+        with m.If(self.i_header.valid & ~self.i_header.ready):
+            m.d.sync += offered.eq(Mux(offered[1], offered, add(offered, 1)))
+        with m.Else():
+            m.d.sync += offered.eq(0)
+        m.d.comb += self.i_header.ready.eq((~busy | finish) & offered[1])
         with m.If(self.i_header.valid & self.i_header.ready):
             has_segment = self.i_header.payload.has_payload
             m.d.sync += [
                 busy.eq(1), ended.eq(~has_segment), src.eq(ip.src),
-                tcp_length.eq(ip_tcp_length), seen.eq(0), seg_len.eq(0),
+                tcp_length.eq(ph_len), seen.eq(0), seg_len.eq(0), short.eq(1), longer.eq(0),
                 acc.eq(pseudo_sum), data_offset.eq(0), bad_in.eq(0), bad_sum.eq(0),
                 counted.eq(0), pos.eq(0), walked.eq(0), start.eq(0), mss.eq(0), has_mss.eq(0),
                 ws.eq(0), has_ws.eq(0), sack_ok.eq(0),

@@ -100,7 +100,7 @@ class TcpTx(wiring.Component):
     checksum is summed over two register stages (:class:`~iwarp_nic.stream.SkidBuffer`) between
     the buffer's records and the outputs.
 
-    Latency (no back-pressure): the request on ``o_header`` is offered six cycles after a
+    Latency (no back-pressure): the request on ``o_header`` is offered seven cycles after a
     record without payload is taken, or four cycles after the last payload beat is taken from
     ``i_data`` (the ring's first beat comes three or four cycles after its read), and the
     segment's first beat on ``o`` two cycles after the request. Options take one cycle per beat
@@ -151,24 +151,30 @@ class TcpTx(wiring.Component):
         m.submodules.emitter = emitter = HeaderEmitter(TCP, n, err=True)
         wiring.connect(m, emitter.o, wiring.flipped(self.o))
 
-        # --- Records in: each one queued, and its ring read issued with it. ---
+        # --- Records in: each one's payload length clamped and registered with the flag "reads
+        # the ring" (a skid buffer, so that the clamp's comparisons stay out of the handshakes
+        # below), then queued, and its ring read issued with it. ---
         rec = self.i_seg.payload
-        entry = Signal(seg_layout)
-        m.d.comb += entry.eq(rec)
+        m.submodules.seg_skid = seg_skid = SkidBuffer(StructLayout({"seg": seg_layout,
+                                                                    "ring": 1}))
+        clamped = seg_skid.i.payload.seg
+        m.d.comb += [clamped.eq(rec), self.i_seg.ready.eq(seg_skid.i.ready),
+                     seg_skid.i.valid.eq(self.i_seg.valid)]
         if self.max_payload < 2 ** 16 - 1:
             with m.If(gt(rec.length, self.max_payload)):
-                m.d.comb += entry.length.eq(self.max_payload)
+                m.d.comb += clamped.length.eq(self.max_payload)
         with m.If(_has_options(rec)):
-            m.d.comb += entry.length.eq(0)
-        reads_ring = ~is_zero(entry.length)
+            m.d.comb += clamped.length.eq(0)
+        m.d.comb += seg_skid.i.payload.ring.eq(~is_zero(clamped.length))
+        entry, reads_ring, offered = seg_skid.o.payload.seg, seg_skid.o.payload.ring, seg_skid.o
         m.d.comb += [
             self.o_read.payload.conn.eq(entry.conn),
             self.o_read.payload.seq.eq(entry.seq),
             self.o_read.payload.length.eq(entry.length),
-            self.o_read.valid.eq(self.i_seg.valid & reads.w_rdy & reads_ring),
-            self.i_seg.ready.eq(reads.w_rdy & (~reads_ring | self.o_read.ready)),
+            self.o_read.valid.eq(offered.valid & reads.w_rdy & reads_ring),
+            offered.ready.eq(reads.w_rdy & (~reads_ring | self.o_read.ready)),
             reads.w_data.eq(entry),
-            reads.w_en.eq(self.i_seg.valid & self.i_seg.ready),
+            reads.w_en.eq(offered.valid & offered.ready),
         ]
 
         # --- Fill: the payload (options or ring bytes) into the buffer, summed on the way. ---

@@ -1,0 +1,10 @@
+"""Applications on the host side of the TCP engine (:mod:`iwarp_nic.tcp`): small clients of its
+command, event and byte-stream ports that make a node do something on its own.
+
+* :mod:`.echo`: :class:`~.echo.TcpEcho`, an echo server (RFC 862 over TCP) on one port, and
+  :class:`~.echo.EchoNode`, a TCP node running it.
+"""
+
+from .echo import EchoNode, TcpEcho
+
+__all__ = ["EchoNode", "TcpEcho"]
