@@ -121,15 +121,15 @@ class MacIp:
             self.tx_fifo = PacketFifo(data_bytes, 2 * self.longest, overflow="stall")
         mac_ports = {name: member for name, member in mac.signature.members.items()
                      if name not in ("i", "o")}
-        if self.crossing:
-            mac_ports["rx_crossing_overflows"] = Out(32)
+        # The RX crossing's own counter, driven by _wire_crossing.
+        crossing_ports = {"rx_crossing_overflows": Out(32)} if self.crossing else {}
         stack_ports = {name: self.stack.signature.members[name]
                        for name in ("mac", "ip", *COUNTERS)}
-        clash = set(mac_ports) & set(stack_ports)
+        clash = set(mac_ports | crossing_ports) & set(stack_ports)
         if clash:
             raise ValueError(f"MAC and IP ports share names: {sorted(clash)}")
         self._mac_ports, self._stack_ports = mac_ports, stack_ports
-        self.members = {**mac_ports, **stack_ports}
+        self.members = {**mac_ports, **crossing_ports, **stack_ports}
 
     def wire(self, m, node):
         """Add the MAC and the stack to ``m`` and connect them to ``node``'s :attr:`members`."""
@@ -145,8 +145,6 @@ class MacIp:
             self._wire_fifos(m, tx_skid)
         for block, ports in ((mac, self._mac_ports), (stack, self._stack_ports)):
             for name, member in ports.items():
-                if name == "rx_crossing_overflows":
-                    continue
                 outer, inner = getattr(node, name), getattr(block, name)
                 m.d.comb += inner.eq(outer) if member.flow == In else outer.eq(inner)
 
@@ -161,8 +159,8 @@ class MacIp:
         wiring.connect(m, up.o, rx.i)
         wiring.connect(m, rx.o, stack.i)
         wiring.connect(m, tx_skid.o, tx.i)
-        # Skid buffers between the crossing and the downsizer, so that the FIFO's read enable
-        # is a register, not the downsizer's choice of its last narrow beat,
+        # A skid buffer between the crossing and the downsizer, so that the FIFO's read enable
+        # is a register, not the downsizer's choice of its last narrow beat.
         m.submodules.tx_mac_skid = tx_mac_skid = DomainRenamer("mac")(
             SkidBuffer(BeatLayout(self.data_bytes, err=True)))
         wiring.connect(m, tx.o, tx_mac_skid.i)
