@@ -20,7 +20,7 @@ def tops():
     from .hdrparse import HeaderEmitter, HeaderParser
     from .headers import ETHERNET
     from .ip import IpStack
-    from .mpa import FpduFramer
+    from .mpa import FpduDeframer, FpduFramer
     from .node import IpNode, TcpNode
     from .tcp.isn import IsnGenerator
     from .tcp.lookup import ConnLookup
@@ -38,6 +38,7 @@ def tops():
         tops[f"iwarp_head_trim_w{n}"] = lambda n=n: HeadTrim(n, 11, err=True)
         tops[f"iwarp_packet_fifo_w{n}"] = lambda n=n: PacketFifo(n, 64)
         tops[f"iwarp_mpa_framer_w{n}"] = lambda n=n: FpduFramer(n)
+        tops[f"iwarp_mpa_deframer_w{n}"] = lambda n=n: FpduDeframer(n)
     for n in (1, 8):
         tops[f"iwarp_mac_rx_cdc_w{n}"] = lambda n=n: MacRxCrossing(n)
         tops[f"iwarp_mac_tx_cdc_w{n}"] = lambda n=n: MacTxCrossing(n)

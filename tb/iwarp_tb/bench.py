@@ -32,6 +32,13 @@ Benchmarks so far:
   the chunk offered on ``s_axis_tx`` to the first preamble byte of its frame on the TX pins.
   The four Verilated tops take minutes to build the first time (cached in ``build/``); the
   runs take about a minute.
+* The MPA deframer (:class:`~iwarp_nic.mpa.FpduDeframer`, CRC and markers on) at 8 and 64
+  bytes, the first stage of the RX chain: a train of 200 FPDUs of 4 KiB ULPDUs from the model's
+  ``Framer``, fed as one packet, the output always ready, every ULPDU checked against the
+  model. The fraction of cycles that take an input beat (stream bytes over ``width`` times the
+  cycles from the first input beat to the last), goal 0.99, and the same for ULPDU bytes, for
+  information; latency in cycles from the last input beat of one FPDU on an idle line to its
+  last output beat.
 """
 
 import json
@@ -244,7 +251,60 @@ class _ModelLink:
         self.rig.close()
 
 
-BENCHMARKS = [crc_engines, crc_fits, tcp_goodput, tcp_latency]
+def _configured_deframer(width):
+    """:class:`~iwarp_nic.mpa.FpduDeframer` with CRC and markers on, as a one-in one-out block
+    for :class:`~iwarp_tb.runner.BeatPlayer` (the error output is always ready)."""
+    from amaranth import Module
+    from amaranth.lib import wiring
+    from amaranth.lib.wiring import In, Out
+
+    from iwarp_nic.mpa import FpduDeframer
+    from iwarp_nic.stream import BeatStream
+
+    class ConfiguredDeframer(wiring.Component):
+        i: In(BeatStream(width))
+        o: Out(BeatStream(width, err=True))
+
+        def elaborate(self, platform):
+            m = Module()
+            m.submodules.deframer = deframer = FpduDeframer(width)
+            m.d.comb += [deframer.crc.eq(1), deframer.markers.eq(1),
+                         deframer.max_ulpdu.eq(0xFFFF), deframer.o_error.ready.eq(1)]
+            wiring.connect(m, wiring.flipped(self.i), deframer.i)
+            wiring.connect(m, deframer.o, wiring.flipped(self.o))
+            return m
+
+    return ConfiguredDeframer()
+
+
+def mpa_deframer():
+    from iwarp_model.wire.fpdu import Framer
+
+    from .beats import from_beats
+
+    rng = random.Random(5044)
+    ulpdus = [rng.randbytes(4096) for _ in range(200)]
+    framer = Framer(crc=True, markers=True)
+    stream = b"".join(framer.frame(u) for u in ulpdus)
+    expected = [len(u).to_bytes(2, "big") + u for u in ulpdus]
+    for width in (8, 64):
+        player = BeatPlayer(f"iwarp_mpa_deframer_bench_w{width}", _configured_deframer(width))
+        out = player.play([stream], tag="train")
+        if [bytes(p) for p in from_beats(out, width)] != expected:
+            raise AssertionError(f"deframer w{width}: the ULPDUs differ from the model's")
+        stats = out.stats
+        cycles = stats["last_out_cycle"] - stats["first_in_cycle"] + 1
+        config = f"{width} B/beat, 200 FPDUs of 4096-byte ULPDUs, CRC and markers"
+        yield record("MPA deframer input beats per cycle", config,
+                     round(len(stream) / (width * cycles), 4), "fraction", 0.99)
+        yield record("MPA deframer ULPDU bytes per cycle", config,
+                     round(sum(map(len, ulpdus)) / (width * cycles), 4), "fraction")
+        one = player.play([Framer(crc=True, markers=True).frame(ulpdus[0])], tag="one")
+        yield record("MPA deframer latency", f"{width} B/beat, one 4096-byte ULPDU, idle",
+                     one.stats["last_out_cycle"] - one.stats["last_in_cycle"], "cycles")
+
+
+BENCHMARKS = [crc_engines, crc_fits, tcp_goodput, tcp_latency, mpa_deframer]
 
 
 def table(records):

@@ -52,8 +52,8 @@ from ..hdrparse import HeaderEmitter, HeaderStream
 from ..headers import Field, Gap, HeaderFormat
 from ..stream import BeatStream, check_data_bytes
 
-__all__ = ["ULPDU_LENGTH", "MARKER", "FpduRequest", "MarkerRequest", "CoveredBeat", "UlpduFit",
-           "MarkerInserter", "CrcAppender", "FpduFramer"]
+__all__ = ["ULPDU_LENGTH", "MARKER", "wire_length", "FpduRequest", "MarkerRequest", "CoveredBeat",
+           "UlpduFit", "MarkerInserter", "CrcAppender", "FpduFramer"]
 
 #: The FPDU's header: the ULPDU_Length field (RFC 5044 4.1).
 ULPDU_LENGTH = HeaderFormat("mpa_fpdu", [Field("ulpdu_length", 0, 0, 16)])
@@ -538,7 +538,8 @@ class FpduFramer(wiring.Component):
             self.i_header.ready.eq(room),
             lengths.w_data.eq(hdr.ulpdu_length), lengths.w_en.eq(take),
             markers.w_data.eq(request), markers.w_en.eq(take),
-            wire.w_data.eq(self._wire_length(m, hdr)), wire.w_en.eq(take),
+            wire.w_data.eq(wire_length(m, hdr.ulpdu_length, hdr.position, hdr.markers)),
+            wire.w_en.eq(take),
             fit.i_length.payload.eq(lengths.r_data), fit.i_length.valid.eq(lengths.r_rdy),
             lengths.r_en.eq(fit.i_length.ready),
             inserter.i_header.payload.eq(markers.r_data),
@@ -549,27 +550,28 @@ class FpduFramer(wiring.Component):
         ]
         return m
 
-    @staticmethod
-    def _wire_length(m, hdr):
-        """The FPDU's octets on the wire (17 bits), from its header.
 
-        In words: ``W = ceil((2 + ULPDU_Length) / 4) + 1`` words of FPDU without markers. With
-        markers, the stream's words are periods of 128 whose first is a marker; the FPDU starts
-        at word ``r = position / 4`` of one and takes a marker at each period start with one of
-        its words after it. Its last word is the ``N``-th non-marker word counted from that
-        period's start, ``N = r - [r > 0] + W``, and ``M = (N - 1) // 127 + [r == 0]``. The
-        division by 127 is ``x // 127 = a + (a + b) // 127`` for ``x = 128 a + b``, where
-        ``a + b < 256``.
-        """
-        length = widened(m, hdr.ulpdu_length, 17, "wire_length_inv")
-        above = add(length, _LENGTH + _CRC - 1)[2:]             # W - 1, 15 bits
-        r = hdr.position[2:]
-        r_zero = is_zero(r)
-        before = Mux(r_zero, 0, sub(r, 1))                      # non-marker words before r
-        n1 = wrap_add(m, above, before, 15, "wire_n1")          # N - 1, at most 16510
-        ab = wrap_add(m, n1[7:], n1[:7], 8, "wire_ab")          # a + b, at most 255
-        twice = ~lt(ab, 254)
-        periods = wrap_add(m, n1[7:], Cat(~lt(ab, 127) & ~twice, twice), 8, "wire_periods")
-        count = wrap_add(m, periods, r_zero, 8, "wire_markers")
-        words = wrap_add(m, above, Mux(hdr.markers, count, 0), 15, "wire_words")
-        return Cat(C(0, 2), add(words, 1))
+def wire_length(m, ulpdu_length, position, markers):
+    """The octets on the wire (17 bits) of an FPDU of ``ulpdu_length`` that starts at stream
+    offset ``position`` (modulo 512), with ``markers`` or not (the model's ``wire_length``).
+
+    In words: ``W = ceil((2 + ULPDU_Length) / 4) + 1`` words of FPDU without markers. With
+    markers, the stream's words are periods of 128 whose first is a marker; the FPDU starts
+    at word ``r = position / 4`` of one and takes a marker at each period start with one of
+    its words after it. Its last word is the ``N``-th non-marker word counted from that
+    period's start, ``N = r - [r > 0] + W``, and ``M = (N - 1) // 127 + [r == 0]``. The
+    division by 127 is ``x // 127 = a + (a + b) // 127`` for ``x = 128 a + b``, where
+    ``a + b < 256``.
+    """
+    length = widened(m, ulpdu_length, 17, "wire_length_inv")
+    above = add(length, _LENGTH + _CRC - 1)[2:]             # W - 1, 15 bits
+    r = position[2:]
+    r_zero = is_zero(r)
+    before = Mux(r_zero, 0, sub(r, 1))                      # non-marker words before r
+    n1 = wrap_add(m, above, before, 15, "wire_n1")          # N - 1, at most 16510
+    ab = wrap_add(m, n1[7:], n1[:7], 8, "wire_ab")          # a + b, at most 255
+    twice = ~lt(ab, 254)
+    periods = wrap_add(m, n1[7:], Cat(~lt(ab, 127) & ~twice, twice), 8, "wire_periods")
+    count = wrap_add(m, periods, r_zero, 8, "wire_markers")
+    words = wrap_add(m, above, Mux(markers, count, 0), 15, "wire_words")
+    return Cat(C(0, 2), add(words, 1))

@@ -1,0 +1,553 @@
+"""MPA FPDU deframing, the receive side: RFC 5044 sections 4.1 to 4.4 and 8 (errors).
+
+The receiver's view of :mod:`.framer`'s FPDUs, on one connection's byte stream from SeqStart
+(the first octet of the first FPDU) on. For each FPDU the deframer
+
+* finds it by its ULPDU_Length field (4.1), checking the length against ``max_ulpdu``;
+* checks its CRC32c (4.4, when negotiated) over the FPDU from its first octet through the pad,
+  leading and inner markers included, the received CRC field read least significant octet first;
+* removes the markers (4.2, 4.3, when negotiated) and checks each one's FPDUPTR (its two low bits
+  ignored) against the octets between the FPDU's ULPDU_Length field and the marker (0 for a
+  leading marker, which sits right before the field);
+* hands on the FPDU's ULPDU_Length field and ULPDU, markers, pad and CRC removed.
+
+Errors (RFC 5044 section 8: nothing is delivered after an error on a stream): the first bad FPDU
+gives one error event, as the model's :class:`iwarp_model.wire.fpdu.Deframer` raises, in its
+order: a ULPDU_Length above ``max_ulpdu`` as soon as the field is read; else, at the FPDU's end, a
+CRC mismatch before a marker mismatch. The bad FPDU's packet ends with ``err`` (a
+:class:`~iwarp_nic.fifo.PacketFifo` behind rolls it back) and every later octet of the stream is
+thrown away.
+
+:class:`FpduDeframer` is four stages in a row, on beats of at least 4 bytes (narrower streams are
+gathered into 4-byte beats first and spread out again after):
+
+1. :class:`FpduSplitter` cuts the stream into FPDUs, each a packet from lane 0 without its CRC
+   field, which rides along on the last beat;
+2. :class:`CrcChecker` computes the CRC of each packet beside a FIFO and flags a mismatch;
+3. :class:`MarkerRemover` takes out the marker words, checks their FPDUPTR, and cuts the pad;
+4. :class:`StreamVerdict` reports the first error and drops everything after it.
+
+Every FPDU and every marker is a multiple of 4 octets long and starts at a stream offset that is a
+multiple of 4, so from stage 2 on a marker is one whole word of a beat.
+"""
+
+
+from amaranth import C, Cat, Module, Mux, Signal
+from amaranth.lib import enum, stream, wiring
+from amaranth.lib.data import StructLayout
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.wiring import In, Out
+
+from ..crc import CRC32CEngine
+from ..exact import (
+    Machine,
+    add,
+    eq,
+    gt,
+    is_zero,
+    lt,
+    mask,
+    select,
+    shift_right,
+    sub,
+    widened,
+    wire,
+    wrap_add,
+    wrap_sub,
+)
+from ..stream import BeatStream, check_data_bytes
+from ..width import BeatDownsizer, BeatUpsizer
+from .framer import MARKER_INTERVAL, wire_length
+
+__all__ = ["ErrorKind", "FpduBeat", "LogicalBeat", "FpduSplitter", "CrcChecker",
+           "MarkerRemover", "StreamVerdict", "FpduDeframer"]
+
+#: Octets of the ULPDU_Length field, of a marker, of the CRC field.
+_LENGTH, _MARKER, _CRC = 2, 4, 4
+#: The narrowest beat the deframing stages work on: one word.
+_CORE_BYTES = 4
+
+
+class ErrorKind(enum.Enum, shape=2):
+    """Why a stream failed (the model's exceptions of :mod:`iwarp_model.wire.errors`)."""
+    CRC = 0      # CrcError
+    MARKER = 1   # MarkerError
+    LENGTH = 2   # OversizeError: ULPDU_Length above max_ulpdu
+
+
+def FpduBeat(data_bytes):
+    """A beat of an FPDU without its CRC field, lane 0 first.
+
+    ``length`` and ``position`` (the FPDU's ULPDU_Length and the stream offset of its first
+    octet modulo 512) are on every beat, ``crc_field`` (the received CRC field as a
+    little-endian word) and ``crc_bad`` (set by :class:`CrcChecker`) on the last. An FPDU whose
+    ULPDU_Length is too long is a one-beat packet with ``oversize`` and no other meaning."""
+    return StructLayout({"data": 8 * data_bytes, "keep": data_bytes, "last": 1,
+                         "length": 16, "position": 9, "crc_field": 32, "crc_bad": 1,
+                         "oversize": 1})
+
+
+def LogicalBeat(data_bytes):
+    """A beat of an FPDU's ULPDU_Length field and ULPDU; the verdict on the last beat. A last
+    beat with ``keep`` 0 carries only a verdict (``oversize``)."""
+    return StructLayout({"data": 8 * data_bytes, "keep": data_bytes, "last": 1, "crc_bad": 1,
+                         "marker_bad": 1, "oversize": 1})
+
+
+def _check_core(data_bytes):
+    check_data_bytes(data_bytes)
+    if data_bytes < _CORE_BYTES:
+        raise ValueError(f"this stage works on beats of {_CORE_BYTES} bytes or more, "
+                         f"not {data_bytes} (FpduDeframer widens narrower streams)")
+    return data_bytes
+
+
+def _count_of(m, keep, data_bytes, name):
+    """The number of lanes of a contiguous ``keep`` from lane 0."""
+    return select(m, keep, {mask(k): k for k in range(data_bytes + 1)},
+                  data_bytes.bit_length(), name)
+
+
+class FpduSplitter(wiring.Component):
+    """Cut a stream of FPDUs into one packet per FPDU, realigned to lane 0 (RFC 5044 4.1, 4.5).
+
+    Ports
+    -----
+    i : In(BeatStream(data_bytes))
+        The connection's stream from SeqStart on, in beats (each ``keep`` contiguous from lane
+        0) and packets of any size: the packets (the TCP segments' new bytes, say) need not
+        follow FPDU boundaries.
+    markers : In(1); max_ulpdu : In(16)
+        As negotiated; held steady while the stream runs.
+    o : Out(stream.Signature(FpduBeat(data_bytes)))
+        Per FPDU one packet of its octets up to the pad (a leading marker, inner markers and a
+        marker right after the pad included), the CRC field after them on the last beat. An
+        FPDU whose ULPDU_Length is above ``max_ulpdu`` gives a one-beat ``oversize`` packet
+        (its first octets), and from then on every input octet is taken and thrown away.
+
+    The octets wait in a buffer of ``2 * data_bytes + 8`` bytes: each cycle takes one input beat
+    while the buffer has room for it and, once an FPDU's length is known, sends one beat of it
+    (a whole beat, or the rest of the FPDU once it and its CRC field are in the buffer).
+
+    Throughput: one beat per cycle, plus one cycle per FPDU to read its ULPDU_Length field and
+    the last partial beat of each FPDU. Latency: an FPDU's first beat is offered two cycles after
+    the input beat that completes its first ``data_bytes`` octets (or the whole FPDU) is taken.
+    Back-pressure on ``o`` fills the buffer, then stalls ``i``.
+    """
+
+    def __init__(self, data_bytes):
+        self.data_bytes = _check_core(data_bytes)
+        self.buffer_bytes = 2 * data_bytes + 8
+        super().__init__({
+            "i": In(BeatStream(data_bytes)),
+            "markers": In(1),
+            "max_ulpdu": In(16),
+            "o": Out(stream.Signature(FpduBeat(data_bytes))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        n, size = self.data_bytes, self.buffer_bytes
+        beat, out = self.i.payload, self.o
+        buf = Signal(8 * size)      # buffered octets from lane 0; zero past `have`
+        have = Signal(range(size + 1))
+        rem = Signal(17)            # octets of the FPDU without its CRC field still to send
+        length = Signal(16)
+        position = Signal(9)        # stream offset modulo 512 of the FPDU (next) being cut
+        after = Signal(9)           # ... of the one after it
+        state = Machine(m, ["HEAD", "BODY", "DEAD"], "state")
+
+        have_w = len(have)
+        leading = wire(m, self.markers & is_zero(position[2:]), "leading")
+        field = wire(m, Mux(leading, Cat(buf[40:48], buf[32:40]), Cat(buf[8:16], buf[:8])),
+                     "field")
+        has_field = wire(m, Mux(leading, ~lt(have, 6), ~lt(have, 2)), "has_field")
+        oversize = wire(m, field > self.max_ulpdu, "oversize_length")
+        span = wire_length(m, field, position, self.markers)
+        final = wire(m, ~gt(rem, n), "final")
+        rem_low = rem[:n.bit_length()]
+        final_keep = select(m, rem_low, {k: mask(k) for k in range(1, n + 1)}, n, "final_keep")
+        crc_field = select(m, rem_low, {k: buf[8 * k:8 * k + 32] for k in range(1, n + 1)},
+                           32, "crc_field")
+        consumed = Signal(range(n + _CRC + 1))
+        cw = len(consumed)
+        final_span = wire(m, add(widened(m, rem_low, have_w, "rem_wide"), _CRC), "final_span")
+        ready_body = wire(m, Mux(final, have >= final_span, ~lt(have, n)), "ready_body")
+
+        out_free = ~out.valid | out.ready
+        with m.If(out.ready):
+            m.d.sync += out.valid.eq(0)
+        with state.state("HEAD"):
+            with m.If(has_field):
+                with m.If(oversize):
+                    with m.If(out_free):
+                        m.d.sync += [
+                            out.valid.eq(1), out.payload.data.eq(buf[:8 * n]),
+                            out.payload.keep.eq(mask(min(n, _MARKER + _LENGTH))),
+                            out.payload.last.eq(1), out.payload.oversize.eq(1),
+                            out.payload.length.eq(field), out.payload.position.eq(position),
+                            out.payload.crc_bad.eq(0), out.payload.crc_field.eq(0),
+                        ]
+                        state.goto("DEAD")
+                with m.Else():
+                    m.d.sync += [
+                        length.eq(field),
+                        rem.eq(sub(span, _CRC)),
+                        after.eq(wrap_add(m, position, span[:9], 9, "after_sum")),
+                    ]
+                    state.goto("BODY")
+        with state.state("BODY"):
+            with m.If(ready_body & out_free):
+                m.d.sync += [
+                    out.valid.eq(1), out.payload.data.eq(buf[:8 * n]),
+                    out.payload.keep.eq(Mux(final, final_keep, mask(n))),
+                    out.payload.last.eq(final), out.payload.oversize.eq(0),
+                    out.payload.length.eq(length), out.payload.position.eq(position),
+                    out.payload.crc_bad.eq(0), out.payload.crc_field.eq(crc_field),
+                    rem.eq(sub(rem, n)),
+                ]
+                m.d.comb += consumed.eq(Mux(final, final_span[:cw], n))
+                with m.If(final):
+                    m.d.sync += position.eq(after)
+                    state.goto("HEAD")
+
+        # The buffer: drop what was sent, append the input beat behind what is left.
+        dead = wire(m, eq(state.reg, 2), "dead")
+        left = wrap_sub(m, have, consumed, have_w, "left")
+        room = wire(m, ~gt(left, size - n), "room")
+        m.d.comb += self.i.ready.eq(room | dead)
+        count = _count_of(m, beat.keep, n, "in_count")
+        lanes = Cat(beat.data.word_select(j, 8) & beat.keep[j].replicate(8) for j in range(n))
+        shift_w = (size - 1).bit_length()
+        dropped = shift_right(m, Cat(buf, C(0, 8 * ((1 << cw) - 1))), consumed, 8, "dropped")
+        fill = (1 << shift_w) - 1      # placing at `left` = shifting right by fill - left
+        placed = shift_right(m, Cat(C(0, 8 * fill), lanes, C(0, 8 * (size - n))),
+                             ~left[:shift_w], 8, "placed")
+        take = self.i.valid & room & ~dead
+        m.d.sync += [
+            buf.eq(dropped[:8 * size] | Mux(take, placed[:8 * size], 0)),
+            have.eq(Mux(take, wrap_add(m, left, count, have_w, "have_next"), left)),
+        ]
+        with m.If(dead):
+            m.d.sync += [buf.eq(0), have.eq(0)]
+        return m
+
+
+class CrcChecker(wiring.Component):
+    """Check each FPDU's CRC field against the CRC32c of its octets (RFC 5044 4.4).
+
+    Ports
+    -----
+    i : In(stream.Signature(FpduBeat(data_bytes)))
+        FPDUs from :class:`FpduSplitter`.
+    crc : In(1)
+        CRCs are in use (negotiated); held steady while the stream runs.
+    o : Out(stream.Signature(FpduBeat(data_bytes)))
+        The same beats; on a last beat ``crc_bad`` when ``crc`` is set and the CRC field (least
+        significant octet first) is not the CRC32c of the packet's octets.
+
+    The beats wait in a FIFO while a :class:`~iwarp_nic.crc.CRC32CEngine` (latency
+    ``3 + log2(data_bytes)`` cycles) works on them; a last beat leaves with its CRC.
+    Throughput: one beat per cycle once the FIFO holds the engine's latency. Latency: a last
+    beat is offered ``4 + log2(data_bytes)`` cycles after it is taken. Back-pressure on ``o``
+    fills the FIFO, then stalls ``i``.
+    """
+
+    def __init__(self, data_bytes):
+        self.data_bytes = _check_core(data_bytes)
+        self._engine = CRC32CEngine(data_bytes)
+        super().__init__({
+            "i": In(stream.Signature(FpduBeat(data_bytes))),
+            "crc": In(1),
+            "o": Out(stream.Signature(FpduBeat(data_bytes))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        layout = FpduBeat(self.data_bytes)
+        m.submodules.crc = engine = self._engine
+        m.submodules.fifo = fifo = SyncFIFOBuffered(width=layout.size,
+                                                    depth=engine.latency + 4)
+        beat = self.i.payload
+        m.d.comb += [
+            self.i.ready.eq(fifo.w_rdy & engine.i.ready),
+            fifo.w_data.eq(beat),
+            fifo.w_en.eq(self.i.valid & self.i.ready),
+            engine.i.valid.eq(self.i.valid & fifo.w_rdy),
+            engine.i.payload.data.eq(beat.data),
+            engine.i.payload.keep.eq(beat.keep),
+            engine.i.payload.last.eq(beat.last),
+        ]
+        head = layout(fifo.r_data)
+        go = wire(m, fifo.r_rdy & (~head.last | engine.o.valid), "go")
+        mismatch = wire(m, engine.o.payload != head.crc_field, "mismatch")
+        m.d.comb += [
+            self.o.valid.eq(go),
+            self.o.payload.eq(head),
+            self.o.payload.crc_bad.eq(head.last & self.crc & mismatch),
+            fifo.r_en.eq(go & self.o.ready),
+            engine.o.ready.eq(go & self.o.ready & head.last),
+        ]
+        return m
+
+
+class MarkerRemover(wiring.Component):
+    """Take the markers out of FPDUs and check them (RFC 5044 4.2, 4.3); cut the pad (4.1).
+
+    Ports
+    -----
+    i : In(stream.Signature(FpduBeat(data_bytes)))
+        FPDUs from :class:`CrcChecker`.
+    markers : In(1)
+        Markers are in use (negotiated); held steady while the stream runs.
+    o : Out(stream.Signature(LogicalBeat(data_bytes)))
+        Per FPDU its ULPDU_Length field and ULPDU, from lane 0: the words at the stream
+        offsets that are multiples of 512 are removed and the pad is cut off the last beat.
+        ``marker_bad`` on the last beat when a removed marker's FPDUPTR, its two low bits
+        cleared, is not the distance from the ULPDU_Length field to it (0 for a leading marker);
+        ``crc_bad`` passes. An ``oversize`` packet gives one verdict-only beat.
+
+    The words after a marker move down one lane; the words that do not fill an output beat wait
+    in a carry register for the next. Throughput: one input beat per cycle; a beat whose words
+    all wait gives no output, and a last beat whose words overflow the output beat takes one
+    more cycle. Latency: one cycle. Back-pressure on ``o`` stalls ``i``.
+    """
+
+    def __init__(self, data_bytes):
+        self.data_bytes = _check_core(data_bytes)
+        super().__init__({
+            "i": In(stream.Signature(FpduBeat(data_bytes))),
+            "markers": In(1),
+            "o": Out(stream.Signature(LogicalBeat(data_bytes))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self.data_bytes
+        u = n // 4
+        wb = (2 * u - 1).bit_length()    # wide enough for 2u - 1 words
+        beat, out = self.i.payload, self.o
+        first = Signal(init=1)           # the next input beat starts a packet
+        dist_r = Signal(9)               # octets from the next input beat to the next marker
+        ptr_r = Signal(16)               # FPDUPTR expected of it (unless it is leading)
+        lead_r = Signal()
+        bad_r = Signal()                 # a marker of this packet was bad
+        out_left = Signal(17)            # octets of ULPDU_Length and ULPDU still to send
+        held = Signal(wb)                # words waiting in `carry`
+        carry = Signal(32 * u)
+        flush = Signal()                 # the packet's input has ended; its last beat waits
+        crc_bad_r = Signal()
+
+        # At a packet's first beat, its marker arithmetic starts from its position.
+        to_marker = wire(m, add(~Cat(C(0, 2), beat.position[2:]), 1), "to_marker")
+        leading = wire(m, is_zero(beat.position[2:]), "leading")
+        dist = wire(m, Mux(first, to_marker, dist_r), "dist")
+        ptr = wire(m, Mux(first, Cat(C(0, 2), to_marker[2:] | leading.replicate(7),
+                                     leading.replicate(7)), ptr_r), "ptr")
+        lead = wire(m, Mux(first, leading, lead_r), "lead")
+        left = wire(m, Mux(first, add(widened(m, beat.length, 17, "length_wide"), _LENGTH),
+                            out_left), "left")
+        bad = wire(m, ~first & bad_r, "bad")
+
+        words_in = _count_of(m, beat.keep, n, "in_bytes")[2:]
+        if u > 1:
+            lane = dist[2:2 + (u - 1).bit_length()]
+            word_at = select(m, lane, [beat.data.word_select(q, 32) for q in range(u)], 32,
+                             "marker_word")
+            inside = widened(m, lane, len(words_in), "lane_wide") < words_in
+        else:
+            word_at, inside = beat.data, words_in[0]
+        here = wire(m, self.markers & lt(dist, n) & inside, "here")
+        fpduptr = Cat(word_at[24:32], word_at[16:24])     # octets 2 and 3, big-endian
+        expected = Mux(lead, C(0, 16), ptr)
+        wrong = wire(m, here & ((fpduptr & 0xFFFC) != expected), "wrong")
+        avail = wrap_sub(m, Cat(words_in, C(0, wb - len(words_in))), here, wb, "avail")
+
+        # x: the input words with the marker's taken out (the words above it move down).
+        in_w = [beat.data.word_select(q, 32) for q in range(u)]
+        if u > 1:
+            above = select(m, lane, {d: mask(u) & ~mask(d) for d in range(u)}, u, "above")
+            x = Cat(Mux(here & above[q], in_w[q + 1] if q + 1 < u else C(0, 32), in_w[q])
+                    for q in range(u))
+            # y: the carried words, then x: x shifted up by `held` words.
+            sb = (u - 1).bit_length()
+            up = shift_right(m, Cat(C(0, 32 * (u - 1)), x, C(0, 32 * (u - 1))), ~held[:sb], 32,
+                             "up")
+            below = select(m, held, {k: mask(k) for k in range(u + 1)}, u, "below")
+            y = Cat(Mux(below[q], carry.word_select(q, 32), up.word_select(q, 32))
+                    for q in range(u))
+            y_rest = up[32 * u:32 * (2 * u - 1)]
+        else:
+            x = beat.data
+            y = Mux(held[0], carry, x)
+            y_rest = x
+        total = wire(m, wrap_add(m, held, avail, wb, "total_sum"), "total")
+        fills = wire(m, ~lt(total, u), "fills")
+        left_keep = select(m, left[:n.bit_length()], {k: mask(k) for k in range(1, n + 1)}, n,
+                           "left_keep")
+        ends = wire(m, ~gt(left, n), "ends")      # what is left fits this output beat
+
+        out_free = ~out.valid | out.ready
+        with m.If(out.ready):
+            m.d.sync += out.valid.eq(0)
+
+        def send(data, last, crc_bad, marker_bad):
+            m.d.sync += [
+                out.valid.eq(1), out.payload.data.eq(data),
+                out.payload.keep.eq(Mux(last, left_keep, mask(n))), out.payload.last.eq(last),
+                out.payload.crc_bad.eq(last & crc_bad), out.payload.marker_bad.eq(
+                    last & marker_bad), out.payload.oversize.eq(0),
+                out_left.eq(sub(left, n)),
+            ]
+
+        with m.If(out_free):
+            with m.If(flush):
+                send(carry, 1, crc_bad_r, bad_r)
+                m.d.sync += [flush.eq(0), held.eq(0), first.eq(1)]
+            with m.Elif(self.i.valid & beat.oversize):
+                m.d.comb += self.i.ready.eq(1)
+                m.d.sync += [out.valid.eq(1), out.payload.keep.eq(0), out.payload.last.eq(1),
+                             out.payload.oversize.eq(1), out.payload.crc_bad.eq(0),
+                             out.payload.marker_bad.eq(0), first.eq(1), held.eq(0)]
+            with m.Elif(self.i.valid):
+                m.d.comb += self.i.ready.eq(1)
+                marker_bad = bad | wrong
+                m.d.sync += [
+                    first.eq(0), bad_r.eq(marker_bad), crc_bad_r.eq(beat.crc_bad),
+                    dist_r.eq(sub(dist, n)),
+                    ptr_r.eq(Mux(here, add(ptr, MARKER_INTERVAL), ptr)),
+                    lead_r.eq(lead & ~here),
+                    out_left.eq(left),
+                ]
+                with m.If(beat.last):
+                    with m.If(fills & ~ends):
+                        # The packet's words overflow this beat: the rest follows alone.
+                        send(y, 0, 0, 0)
+                        m.d.sync += [flush.eq(1), carry.eq(y_rest),
+                                     held.eq(sub(total, u))]
+                    with m.Else():
+                        send(y, 1, beat.crc_bad, marker_bad)
+                        m.d.sync += [held.eq(0), first.eq(1)]
+                with m.Elif(fills & ~ends):
+                    send(y, 0, 0, 0)
+                    m.d.sync += [carry.eq(y_rest), held.eq(sub(total, u))]
+                with m.Else():
+                    # Not a whole beat yet, or the packet's last one, which waits for the
+                    # packet's end (a marker right after the pad may follow) and its verdict.
+                    m.d.sync += [carry.eq(y), held.eq(total)]
+        return m
+
+
+class StreamVerdict(wiring.Component):
+    """Pass FPDUs on until the first bad one; report it; drop everything after (RFC 5044 8).
+
+    Ports
+    -----
+    i : In(stream.Signature(LogicalBeat(data_bytes)))
+        From :class:`MarkerRemover`.
+    o : Out(BeatStream(data_bytes, err=True))
+        The packets of ``i`` (verdict-only beats left out), ``err`` on the last beat of the
+        first bad one, nothing after it.
+    o_error : Out(stream.Signature(ErrorKind))
+        One transfer at the first bad FPDU: ``LENGTH`` for ``oversize``, else ``CRC`` for
+        ``crc_bad``, else ``MARKER``.
+
+    Throughput: one beat per cycle. Latency: one cycle. Back-pressure on either output stalls
+    ``i``; once the stream has failed, ``i`` is taken and thrown away.
+    """
+
+    def __init__(self, data_bytes):
+        self.data_bytes = _check_core(data_bytes)
+        super().__init__({
+            "i": In(stream.Signature(LogicalBeat(data_bytes))),
+            "o": Out(BeatStream(data_bytes, err=True)),
+            "o_error": Out(stream.Signature(ErrorKind)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        beat, out, err = self.i.payload, self.o, self.o_error
+        failed = Signal()
+        bad = wire(m, beat.last & (beat.oversize | beat.crc_bad | beat.marker_bad), "bad")
+        free = (~out.valid | out.ready) & (~err.valid | err.ready)
+        with m.If(out.ready):
+            m.d.sync += out.valid.eq(0)
+        with m.If(err.ready):
+            m.d.sync += err.valid.eq(0)
+        m.d.comb += self.i.ready.eq(failed | free)
+        with m.If(self.i.valid & ~failed & free):
+            with m.If(~is_zero(beat.keep)):
+                m.d.sync += [out.valid.eq(1), out.payload.data.eq(beat.data),
+                             out.payload.keep.eq(beat.keep), out.payload.last.eq(beat.last),
+                             out.payload.err.eq(bad)]
+            with m.If(bad):
+                m.d.sync += [
+                    failed.eq(1), err.valid.eq(1),
+                    err.payload.as_value().eq(Mux(beat.oversize, ErrorKind.LENGTH.value,
+                                                  Mux(beat.crc_bad, ErrorKind.CRC.value,
+                                                      ErrorKind.MARKER.value))),
+                ]
+        return m
+
+
+class FpduDeframer(wiring.Component):
+    """Deframe one connection's stream of MPA FPDUs (RFC 5044 4.1-4.4, 8), any ``data_bytes``.
+
+    Ports
+    -----
+    i : In(BeatStream(data_bytes))
+        The stream from SeqStart on, in beats and packets of any size (each ``keep``
+        contiguous from lane 0): the packets need not follow FPDU boundaries.
+    crc, markers : In(1); max_ulpdu : In(16)
+        As negotiated; held steady while the stream runs (a new stream starts from reset).
+    o : Out(BeatStream(data_bytes, err=True))
+        One packet per FPDU: its ULPDU_Length field and ULPDU (so a ULPDU of 0 octets is a
+        2-byte packet), exactly the model's ``Deframer`` ULPDU behind its length field.
+        ``err`` on the last beat of the first bad FPDU; nothing after it.
+    o_error : Out(stream.Signature(ErrorKind))
+        One transfer at the first bad FPDU (see :class:`StreamVerdict`).
+
+    Bad input: see the module docstring; a failed stream takes and drops all its input.
+
+    Throughput: one beat per cycle, minus one cycle per FPDU (its ULPDU_Length field) and its
+    last partial beat; below 4 bytes per beat, the stages run on 4-byte beats, one every
+    ``4 / data_bytes`` cycles. Latency: see the stages. Back-pressure on ``o`` or ``o_error``
+    stalls ``i``; nothing is lost.
+    """
+
+    def __init__(self, data_bytes):
+        self.data_bytes = check_data_bytes(data_bytes)
+        super().__init__({
+            "i": In(BeatStream(data_bytes)),
+            "crc": In(1),
+            "markers": In(1),
+            "max_ulpdu": In(16),
+            "o": Out(BeatStream(data_bytes, err=True)),
+            "o_error": Out(stream.Signature(ErrorKind)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self.data_bytes
+        core = max(n, _CORE_BYTES)
+        m.submodules.splitter = splitter = FpduSplitter(core)
+        m.submodules.checker = checker = CrcChecker(core)
+        m.submodules.remover = remover = MarkerRemover(core)
+        m.submodules.verdict = verdict = StreamVerdict(core)
+        m.d.comb += [splitter.markers.eq(self.markers), splitter.max_ulpdu.eq(self.max_ulpdu),
+                     checker.crc.eq(self.crc), remover.markers.eq(self.markers)]
+        wiring.connect(m, splitter.o, checker.i)
+        wiring.connect(m, checker.o, remover.i)
+        wiring.connect(m, remover.o, verdict.i)
+        wiring.connect(m, verdict.o_error, wiring.flipped(self.o_error))
+        if n < core:
+            m.submodules.widen = widen = BeatUpsizer(n, core)
+            m.submodules.narrow = narrow = BeatDownsizer(core, n, err=True)
+            wiring.connect(m, wiring.flipped(self.i), widen.i)
+            wiring.connect(m, widen.o, splitter.i)
+            wiring.connect(m, verdict.o, narrow.i)
+            wiring.connect(m, narrow.o, wiring.flipped(self.o))
+        else:
+            wiring.connect(m, wiring.flipped(self.i), splitter.i)
+            wiring.connect(m, verdict.o, wiring.flipped(self.o))
+        return m

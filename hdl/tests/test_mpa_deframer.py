@@ -1,0 +1,198 @@
+# amaranth: UnusedElaboratable=no
+"""FpduDeframer against the model's Deframer, at widths 1, 8 and 64.
+
+Each test frames random ULPDUs with the model's ``Framer`` (CRC and markers on or off; lengths
+0 to a few KiB, around the 512-byte marker period, and 16 KiB at the wider widths), cuts the
+stream into random chunks and feeds it with random idles and stalls. The model's ``Deframer``
+fed the same stream is the oracle: the DUT must give exactly its ULPDUs (each behind its
+ULPDU_Length field), then, when the model raised, one error event of the same kind and nothing
+after it. Errors are made on purpose (a CRC field, a marker's FPDUPTR, a ULPDU_Length above
+``max_ulpdu``) and at random (any octet of the stream changed).
+"""
+
+import random
+
+import pytest
+from amaranth.back import verilog
+
+from iwarp_model.wire.errors import CrcError, MarkerError, OversizeError
+from iwarp_model.wire.fpdu import MARKER_INTERVAL, Deframer, Framer
+from iwarp_nic.mpa import ErrorKind, FpduDeframer
+from iwarp_tb import toolchain
+from iwarp_tb.amsim import run
+from iwarp_tb.lint import lint
+from iwarp_tb.streams import AmaranthBus, StreamPort, recv_packets, send_packets
+
+IDLE = STALL = 0.3
+KIND = {CrcError: ErrorKind.CRC, MarkerError: ErrorKind.MARKER, OversizeError: ErrorKind.LENGTH}
+
+
+def frame_stream(rng, lengths, *, crc, markers):
+    """The stream of FPDUs for random ULPDUs of ``lengths``, and each FPDU's (start, end)."""
+    framer = Framer(crc=crc, markers=markers)
+    stream, spans = bytearray(), []
+    for length in lengths:
+        start = framer.position
+        stream += framer.frame(rng.randbytes(length))
+        spans.append((start, framer.position))
+    return stream, spans
+
+
+def chunks(rng, stream, longest):
+    """The stream cut into packets of 1 to ``longest`` octets."""
+    out, at = [], 0
+    while at < len(stream):
+        size = rng.randint(1, longest)
+        out.append(bytes(stream[at:at + size]))
+        at += size
+    return out
+
+
+def oracle(stream, *, crc, markers, max_ulpdu):
+    """The model's ULPDUs for ``stream`` and the kind of error it raised (or None)."""
+    deframer = Deframer(crc=crc, markers=markers, max_ulpdu=max_ulpdu)
+    try:
+        return deframer.feed(bytes(stream)), None
+    except (CrcError, MarkerError, OversizeError) as error:
+        return list(error.delivered), KIND[type(error)]
+
+
+def simulate(n, stream, *, crc, markers, max_ulpdu, expect_packets, expect_event, seed,
+             idle=IDLE, stall=STALL, longest=None):
+    """Feed ``stream`` in random chunks; return the packets, the error events and whatever
+    complete packet came after the expected ones."""
+    dut = FpduDeframer(n)
+    rng = random.Random(seed)
+    got = {"events": [], "extra": []}
+    done = []
+    pieces = chunks(rng, stream, longest or 3 * n + 5)
+
+    async def source(ctx):
+        ctx.set(dut.crc, crc)
+        ctx.set(dut.markers, markers)
+        ctx.set(dut.max_ulpdu, max_ulpdu)
+        await send_packets(AmaranthBus(ctx), StreamPort.amaranth(dut.i), pieces, n,
+                           rng=random.Random(seed + 1), idle=idle, timeout=5000)
+        done.append("source")
+
+    async def sink(ctx):
+        bus, port = AmaranthBus(ctx), StreamPort.amaranth(dut.o)
+        got["packets"] = await recv_packets(bus, port, expect_packets, n,
+                                            rng=random.Random(seed + 2), stall=stall,
+                                            timeout=5000)
+        while "source" not in done:
+            await ctx.tick()
+        # Whatever comes after: no complete packet may (a stream cut mid-FPDU leaves beats).
+        for _ in range(400):
+            ctx.set(dut.o.ready, 1)
+            valid, last, err = (await ctx.tick().sample(dut.o.valid, dut.o.payload.last,
+                                                        dut.o.payload.err))[2:]
+            if valid and last:
+                got["extra"].append(err)
+        done.append("sink")
+
+    async def events(ctx):
+        ctx.set(dut.o_error.ready, 1)
+        while "sink" not in done:
+            valid, kind = (await ctx.tick().sample(dut.o_error.valid, dut.o_error.payload))[2:]
+            if valid:
+                got["events"].append(ErrorKind(kind))
+
+    run(dut, source, sink, events, name=f"mpa_deframer_w{n}")
+    return got["packets"], got["events"], got["extra"]
+
+
+def check(n, stream, *, crc, markers, max_ulpdu=0xFFFF, seed=0, **kw):
+    ulpdus, kind = oracle(stream, crc=crc, markers=markers, max_ulpdu=max_ulpdu)
+    bad_packet = kind in (ErrorKind.CRC, ErrorKind.MARKER)
+    packets, events, extra = simulate(
+        n, stream, crc=crc, markers=markers, max_ulpdu=max_ulpdu,
+        expect_packets=len(ulpdus) + bad_packet, expect_event=kind, seed=seed, **kw)
+    for k, ulpdu in enumerate(ulpdus):
+        assert bytes(packets[k]) == len(ulpdu).to_bytes(2, "big") + ulpdu, f"ULPDU {k}"
+        assert not packets[k].err, f"ULPDU {k}"
+    if bad_packet:
+        assert packets[-1].err, "the bad FPDU's packet must end with err"
+    assert events == ([kind] if kind else []), events
+    assert extra == [], "a packet after the expected ones"
+    return ulpdus, kind
+
+
+def random_lengths(rng, count, longest, big=()):
+    lengths = [0, 1, 2, 3, 4, 5, 506, 507, 508, 509, 510, 511, 512, 1018]
+    lengths += [rng.randint(0, longest) for _ in range(count)]
+    rng.shuffle(lengths)
+    return lengths + list(big)
+
+
+WIDTHS = [(1, 12, 600, ()), (8, 30, 2000, (16384,)), (64, 40, 4000, (16384, 9000))]
+
+
+@pytest.mark.parametrize("crc, markers", [(True, True), (True, False), (False, True),
+                                          (False, False)])
+@pytest.mark.parametrize("n, count, longest, big", WIDTHS)
+def test_against_model(n, count, longest, big, crc, markers):
+    rng = random.Random(n * 4 + 2 * crc + markers)
+    stream, _ = frame_stream(rng, random_lengths(rng, count, longest, big), crc=crc,
+                             markers=markers)
+    ulpdus, kind = check(n, stream, crc=crc, markers=markers, seed=n)
+    assert kind is None and len(ulpdus) == count + 14 + len(big)
+
+
+@pytest.mark.parametrize("n", [1, 8, 64])
+def test_full_rate(n):
+    """Back to back, no idle input and no stalled output; one-octet and whole-stream chunks."""
+    rng = random.Random(7 * n)
+    stream, _ = frame_stream(rng, random_lengths(rng, 10, 1500), crc=True, markers=True)
+    check(n, stream, crc=True, markers=True, idle=0, stall=0, seed=n)
+    check(n, stream, crc=True, markers=True, idle=0, stall=0, seed=n, longest=len(stream))
+
+
+@pytest.mark.parametrize("n", [1, 8, 64])
+@pytest.mark.parametrize("fault", ["crc", "marker", "length"])
+def test_error(n, fault):
+    """A bad CRC field, a bad FPDUPTR or a ULPDU_Length over ``max_ulpdu`` in FPDU ``k``: the
+    model's ULPDUs before it, the error event, nothing after."""
+    for trial in range(3):
+        rng = random.Random(1000 * n + 10 * trial + len(fault))
+        lengths = [rng.randint(0, 1300) for _ in range(8)]
+        crc = fault != "marker"        # the CRC covers the markers: it would fail first
+        stream, spans = frame_stream(rng, lengths, crc=crc, markers=True)
+        max_ulpdu = 0xFFFF
+        if fault == "crc":
+            k = rng.randrange(len(spans))
+            stream[spans[k][1] - 1 - rng.randrange(4)] ^= 1 << rng.randrange(8)
+        elif fault == "marker":
+            at = rng.choice([at for at in range(0, len(stream), MARKER_INTERVAL)])
+            stream[at + 2 + rng.randrange(2)] ^= 1 << rng.randrange(8)
+            if stream[at + 3] & 3:         # a low bit, which the receiver ignores: no error
+                stream[at + 3] ^= 4
+        else:
+            k = rng.randrange(1, len(spans))
+            lengths[k] = max(lengths[k], max(lengths[:k]) + 1)
+            stream, spans = frame_stream(random.Random(trial), lengths, crc=crc, markers=True)
+            max_ulpdu = rng.randint(max(lengths[:k]), lengths[k] - 1)
+        _, kind = check(n, stream, crc=crc, markers=True, max_ulpdu=max_ulpdu, seed=n + trial)
+        assert kind == {"crc": ErrorKind.CRC, "marker": ErrorKind.MARKER,
+                        "length": ErrorKind.LENGTH}[fault]
+
+
+@pytest.mark.parametrize("n", [1, 8, 64])
+def test_random_corruption(n):
+    """Any octet of the stream changed: whatever the model makes of it, so must the DUT."""
+    for trial in range(6):
+        rng = random.Random(5000 * n + trial)
+        crc, markers = rng.random() < 0.7, rng.random() < 0.7
+        stream, _ = frame_stream(rng, [rng.randint(0, 900) for _ in range(6)], crc=crc,
+                                 markers=markers)
+        stream[rng.randrange(len(stream))] ^= rng.randrange(1, 256)
+        check(n, stream, crc=crc, markers=markers, seed=trial)
+
+
+@pytest.mark.parametrize("n", [1, 8, 64])
+def test_lint(n, tmp_path):
+    """The Verilog passes ``verilator --lint-only -Wall`` with the project's waivers."""
+    toolchain.setup()
+    path = tmp_path / "mpa_deframer.v"
+    path.write_text(verilog.convert(FpduDeframer(n), name="mpa_deframer"))
+    assert lint(path) == ""
