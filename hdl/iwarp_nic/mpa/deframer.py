@@ -129,9 +129,11 @@ class FpduSplitter(wiring.Component):
     while the buffer has room for it and, once an FPDU's length is known, sends one beat of it
     (a whole beat, or the rest of the FPDU once it and its CRC field are in the buffer).
 
-    Throughput: one beat per cycle, plus one cycle per FPDU to read its ULPDU_Length field and
-    the last partial beat of each FPDU. Latency: an FPDU's first beat is offered two cycles after
-    the input beat that completes its first ``data_bytes`` octets (or the whole FPDU) is taken.
+    Throughput: one beat per cycle, plus the last partial beat of each FPDU. The next FPDU's
+    ULPDU_Length field is read as the last beat of one goes, when it is in the buffer by then;
+    otherwise (and for the first FPDU) reading it takes a cycle. Latency: an FPDU's first beat
+    is offered one or two cycles after the input beat that completes its first ``data_bytes``
+    octets (or the whole FPDU) is taken.
     Back-pressure on ``o`` fills the buffer, then stalls ``i``.
     """
 
@@ -158,14 +160,21 @@ class FpduSplitter(wiring.Component):
         state = Machine(m, ["HEAD", "BODY", "DEAD"], "state")
 
         have_w = len(have)
-        leading = wire(m, self.markers & is_zero(position[2:]), "leading")
-        field = wire(m, Mux(leading, Cat(buf[40:48], buf[32:40]), Cat(buf[8:16], buf[:8])),
-                     "field")
-        has_field = wire(m, Mux(leading, ~lt(have, 6), ~lt(have, 2)), "has_field")
-        oversize = wire(m, field > self.max_ulpdu, "oversize_length")
-        span = wire_length(m, field, position, self.markers)
+
+        def header(name, window, avail, pos):
+            """The ULPDU_Length field of an FPDU at stream offset ``pos`` whose octets start at
+            ``window``, whether it is in the buffer (of ``avail`` octets), its span on the
+            wire, and whether it is over ``max_ulpdu``."""
+            leading = self.markers & is_zero(pos[2:])
+            field = wire(m, Mux(leading, Cat(window[40:48], window[32:40]),
+                                Cat(window[8:16], window[:8])), f"{name}_field")
+            present = wire(m, Mux(leading, ~lt(avail, 6), ~lt(avail, 2)), f"{name}_present")
+            return (field, present, wire_length(m, field, pos, self.markers),
+                    wire(m, field > self.max_ulpdu, f"{name}_oversize"))
+
         final = wire(m, ~gt(rem, n), "final")
         rem_low = rem[:n.bit_length()]
+        field, has_field, span, oversize = header("head", buf, have, position)
         final_keep = select(m, rem_low, {k: mask(k) for k in range(1, n + 1)}, n, "final_keep")
         crc_field = select(m, rem_low, {k: buf[8 * k:8 * k + 32] for k in range(1, n + 1)},
                            32, "crc_field")
@@ -173,6 +182,11 @@ class FpduSplitter(wiring.Component):
         cw = len(consumed)
         final_span = wire(m, add(widened(m, rem_low, have_w, "rem_wide"), _CRC), "final_span")
         ready_body = wire(m, Mux(final, have >= final_span, ~lt(have, n)), "ready_body")
+        # The next FPDU's header, read as this one's last beat goes (no cycle in HEAD).
+        next_window = select(m, rem_low[2:], {k: buf[32 * (k + 1):32 * (k + 1) + 48]
+                                              for k in range(1, n // 4 + 1)}, 48, "next_window")
+        next_field, next_present, next_span, next_oversize = header(
+            "next", next_window, wrap_sub(m, have, final_span, have_w, "next_avail"), after)
 
         out_free = ~out.valid | out.ready
         with m.If(out.ready):
@@ -209,7 +223,14 @@ class FpduSplitter(wiring.Component):
                 m.d.comb += consumed.eq(Mux(final, final_span[:cw], n))
                 with m.If(final):
                     m.d.sync += position.eq(after)
-                    state.goto("HEAD")
+                    with m.If(next_present & ~next_oversize):
+                        m.d.sync += [
+                            length.eq(next_field),
+                            rem.eq(sub(next_span, _CRC)),
+                            after.eq(wrap_add(m, after, next_span[:9], 9, "next_after")),
+                        ]
+                    with m.Else():
+                        state.goto("HEAD")
 
         # The buffer: drop what was sent, append the input beat behind what is left.
         dead = wire(m, eq(state.reg, 2), "dead")
@@ -309,8 +330,9 @@ class MarkerRemover(wiring.Component):
 
     The words after a marker move down one lane; the words that do not fill an output beat wait
     in a carry register for the next. Throughput: one input beat per cycle; a beat whose words
-    all wait gives no output, and a last beat whose words overflow the output beat takes one
-    more cycle. Latency: one cycle. Back-pressure on ``o`` stalls ``i``.
+    all wait gives no output, and when a packet's last input beat leaves words over, they go out
+    alone in the next cycle, while the next packet's first beat is taken into the carry.
+    Latency: one cycle. Back-pressure on ``o`` stalls ``i``.
     """
 
     def __init__(self, data_bytes):
@@ -325,7 +347,7 @@ class MarkerRemover(wiring.Component):
         m = Module()
         n = self.data_bytes
         u = n // 4
-        wb = (2 * u - 1).bit_length()    # wide enough for 2u - 1 words
+        wb = (2 * u).bit_length()        # wide enough for 2u words
         beat, out = self.i.payload, self.o
         first = Signal(init=1)           # the next input beat starts a packet
         dist_r = Signal(9)               # octets from the next input beat to the next marker
@@ -335,8 +357,9 @@ class MarkerRemover(wiring.Component):
         out_left = Signal(17)            # octets of ULPDU_Length and ULPDU still to send
         held = Signal(wb)                # words waiting in `carry`
         carry = Signal(32 * u)
-        flush = Signal()                 # the packet's input has ended; its last beat waits
+        flush = Signal()                 # a packet's input has ended; its last beat waits
         crc_bad_r = Signal()
+        held_now = wire(m, Mux(flush, 0, held), "held_now")   # the carry's words before `i`'s
 
         # At a packet's first beat, its marker arithmetic starts from its position.
         to_marker = wire(m, add(~Cat(C(0, 2), beat.position[2:]), 1), "to_marker")
@@ -361,7 +384,7 @@ class MarkerRemover(wiring.Component):
         fpduptr = Cat(word_at[24:32], word_at[16:24])     # octets 2 and 3, big-endian
         expected = Mux(lead, C(0, 16), ptr)
         wrong = wire(m, here & ((fpduptr & 0xFFFC) != expected), "wrong")
-        avail = wrap_sub(m, Cat(words_in, C(0, wb - len(words_in))), here, wb, "avail")
+        avail = wrap_sub(m, widened(m, words_in, wb, "words_wide"), here, wb, "avail")
 
         # x: the input words with the marker's taken out (the words above it move down).
         in_w = [beat.data.word_select(q, 32) for q in range(u)]
@@ -371,17 +394,17 @@ class MarkerRemover(wiring.Component):
                     for q in range(u))
             # y: the carried words, then x: x shifted up by `held` words.
             sb = (u - 1).bit_length()
-            up = shift_right(m, Cat(C(0, 32 * (u - 1)), x, C(0, 32 * (u - 1))), ~held[:sb], 32,
-                             "up")
-            below = select(m, held, {k: mask(k) for k in range(u + 1)}, u, "below")
+            up = shift_right(m, Cat(C(0, 32 * (u - 1)), x, C(0, 32 * (u - 1))),
+                             ~held_now[:sb], 32, "up")
+            below = select(m, held_now, {k: mask(k) for k in range(u + 1)}, u, "below")
             y = Cat(Mux(below[q], carry.word_select(q, 32), up.word_select(q, 32))
                     for q in range(u))
-            y_rest = up[32 * u:32 * (2 * u - 1)]
+            y_rest = Mux(eq(held_now, u), x, up[32 * u:32 * (2 * u - 1)])
         else:
             x = beat.data
-            y = Mux(held[0], carry, x)
+            y = Mux(held_now[0], carry, x)
             y_rest = x
-        total = wire(m, wrap_add(m, held, avail, wb, "total_sum"), "total")
+        total = wire(m, wrap_add(m, held_now, avail, wb, "total_sum"), "total")
         fills = wire(m, ~lt(total, u), "fills")
         left_keep = select(m, left[:n.bit_length()], {k: mask(k) for k in range(1, n + 1)}, n,
                            "left_keep")
@@ -391,50 +414,55 @@ class MarkerRemover(wiring.Component):
         with m.If(out.ready):
             m.d.sync += out.valid.eq(0)
 
-        def send(data, last, crc_bad, marker_bad):
+        flush_keep = select(m, out_left[:n.bit_length()], {k: mask(k) for k in range(1, n + 1)},
+                            n, "flush_keep")
+
+        def send(data, last, keep, crc_bad, marker_bad):
             m.d.sync += [
-                out.valid.eq(1), out.payload.data.eq(data),
-                out.payload.keep.eq(Mux(last, left_keep, mask(n))), out.payload.last.eq(last),
-                out.payload.crc_bad.eq(last & crc_bad), out.payload.marker_bad.eq(
-                    last & marker_bad), out.payload.oversize.eq(0),
-                out_left.eq(sub(left, n)),
+                out.valid.eq(1), out.payload.data.eq(data), out.payload.last.eq(last),
+                out.payload.keep.eq(Mux(last, keep, mask(n))),
+                out.payload.crc_bad.eq(last & crc_bad),
+                out.payload.marker_bad.eq(last & marker_bad), out.payload.oversize.eq(0),
+            ]
+
+        def take():
+            """Take the input beat: follow its markers; the carry takes what is not sent."""
+            m.d.comb += self.i.ready.eq(1)
+            m.d.sync += [
+                first.eq(beat.last), bad_r.eq(bad | wrong), crc_bad_r.eq(beat.crc_bad),
+                dist_r.eq(sub(dist, n)),
+                ptr_r.eq(Mux(here, add(ptr, MARKER_INTERVAL), ptr)),
+                lead_r.eq(lead & ~here),
+                out_left.eq(left),
+                carry.eq(y), held.eq(total),
             ]
 
         with m.If(out_free):
             with m.If(flush):
-                send(carry, 1, crc_bad_r, bad_r)
-                m.d.sync += [flush.eq(0), held.eq(0), first.eq(1)]
+                # A packet's last beat; the next packet's first beat goes to the carry.
+                send(carry, 1, flush_keep, crc_bad_r, bad_r)
+                m.d.sync += [flush.eq(0), held.eq(0)]
+                with m.If(self.i.valid & ~beat.oversize):
+                    take()
+                    m.d.sync += flush.eq(beat.last)
             with m.Elif(self.i.valid & beat.oversize):
                 m.d.comb += self.i.ready.eq(1)
                 m.d.sync += [out.valid.eq(1), out.payload.keep.eq(0), out.payload.last.eq(1),
                              out.payload.oversize.eq(1), out.payload.crc_bad.eq(0),
                              out.payload.marker_bad.eq(0), first.eq(1), held.eq(0)]
             with m.Elif(self.i.valid):
-                m.d.comb += self.i.ready.eq(1)
-                marker_bad = bad | wrong
-                m.d.sync += [
-                    first.eq(0), bad_r.eq(marker_bad), crc_bad_r.eq(beat.crc_bad),
-                    dist_r.eq(sub(dist, n)),
-                    ptr_r.eq(Mux(here, add(ptr, MARKER_INTERVAL), ptr)),
-                    lead_r.eq(lead & ~here),
-                    out_left.eq(left),
-                ]
-                with m.If(beat.last):
-                    with m.If(fills & ~ends):
-                        # The packet's words overflow this beat: the rest follows alone.
-                        send(y, 0, 0, 0)
-                        m.d.sync += [flush.eq(1), carry.eq(y_rest),
-                                     held.eq(sub(total, u))]
-                    with m.Else():
-                        send(y, 1, beat.crc_bad, marker_bad)
-                        m.d.sync += [held.eq(0), first.eq(1)]
-                with m.Elif(fills & ~ends):
-                    send(y, 0, 0, 0)
-                    m.d.sync += [carry.eq(y_rest), held.eq(sub(total, u))]
-                with m.Else():
-                    # Not a whole beat yet, or the packet's last one, which waits for the
-                    # packet's end (a marker right after the pad may follow) and its verdict.
-                    m.d.sync += [carry.eq(y), held.eq(total)]
+                take()
+                with m.If(fills & ~ends):
+                    # A whole beat that is not the packet's last (after a last input beat,
+                    # the rest follows alone).
+                    send(y, 0, left_keep, 0, 0)
+                    m.d.sync += [carry.eq(y_rest), held.eq(sub(total, u)),
+                                 out_left.eq(sub(left, n)), flush.eq(beat.last)]
+                with m.Elif(beat.last):
+                    send(y, 1, left_keep, beat.crc_bad, bad | wrong)
+                    m.d.sync += held.eq(0)
+                # Else not a whole beat yet, or the packet's last one, which waits for the
+                # packet's end (a marker right after the pad may follow) and its verdict.
         return m
 
 
