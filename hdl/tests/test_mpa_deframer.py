@@ -8,20 +8,39 @@ fed the same stream is the oracle: the DUT must give exactly its ULPDUs (each be
 ULPDU_Length field), then, when the model raised, one error event of the same kind and nothing
 after it. Errors are made on purpose (a CRC field, a marker's FPDUPTR, a ULPDU_Length above
 ``max_ulpdu``) and at random (any octet of the stream changed).
+
+The test marked ``tshark`` takes Wireshark's dissectors as the oracle of the gateware framer's
+FPDUs (RDMAP segments of every opcode, CRC on, behind an MPA Request and Reply in a pcap), then
+deframes that stream.
 """
 
 import random
+import re
+from collections import Counter
 
 import pytest
 from amaranth.back import verilog
 
+from iwarp_model.capture import StreamCapture
+from iwarp_model.wire.ddp import TAGGED_HEADER_SIZE
 from iwarp_model.wire.errors import CrcError, MarkerError, OversizeError
 from iwarp_model.wire.fpdu import MARKER_INTERVAL, Deframer, Framer
-from iwarp_nic.mpa import ErrorKind, FpduDeframer
+from iwarp_model.wire.mpa import MpaFrame
+from iwarp_model.wire.rdmap import (
+    AtomicRequest,
+    AtomicResponse,
+    ImmediateData,
+    Opcode,
+    ReadRequest,
+    Segment,
+)
+from iwarp_model.wire.terminate import ErrorCode, Terminate
+from iwarp_nic.mpa import ErrorKind, FpduDeframer, FpduFramer
 from iwarp_tb import toolchain
 from iwarp_tb.amsim import run
 from iwarp_tb.lint import lint
-from iwarp_tb.streams import AmaranthBus, StreamPort, recv_packets, send_packets
+from iwarp_tb.streams import AmaranthBus, StreamPort, recv_packets, send, send_packets
+from iwarp_tb.tshark import decode, fields, rdmap_opcodes
 
 IDLE = STALL = 0.3
 KIND = {CrcError: ErrorKind.CRC, MarkerError: ErrorKind.MARKER, OversizeError: ErrorKind.LENGTH}
@@ -187,6 +206,92 @@ def test_random_corruption(n):
                                  markers=markers)
         stream[rng.randrange(len(stream))] ^= rng.randrange(1, 256)
         check(n, stream, crc=crc, markers=markers, seed=trial)
+
+
+def segments(rng):
+    """RDMAP segments of every opcode as the model encodes them: those with a payload at 0, 1
+    and 1300 octets."""
+    out = []
+    for opcode in Opcode:
+        kw = {}
+        if opcode in (Opcode.WRITE, Opcode.READ_RESPONSE):
+            kw = {"stag": rng.getrandbits(32), "to": rng.getrandbits(64)}
+        elif opcode in (Opcode.SEND_INVALIDATE, Opcode.SEND_SE_INVALIDATE):
+            kw = {"inv_stag": rng.getrandbits(32)}
+        offending = Segment(Opcode.WRITE, b"x", stag=1, to=2).encode()[:TAGGED_HEADER_SIZE]
+        header = {
+            Opcode.READ_REQUEST: ReadRequest(rng.getrandbits(32), rng.getrandbits(64),
+                                             rng.randint(0, 1 << 20), rng.getrandbits(32),
+                                             rng.getrandbits(64)),
+            Opcode.TERMINATE: Terminate.for_error(ErrorCode.RDMAP_INVALID_STAG, offending),
+            Opcode.IMMEDIATE_DATA: ImmediateData(rng.randbytes(8)),
+            Opcode.IMMEDIATE_DATA_SE: ImmediateData(rng.randbytes(8)),
+            Opcode.ATOMIC_REQUEST: AtomicRequest.fetch_add(
+                rng.getrandbits(32), rng.getrandbits(32), rng.getrandbits(61) << 3, 5),
+            Opcode.ATOMIC_RESPONSE: AtomicResponse(rng.getrandbits(32), rng.getrandbits(64)),
+        }.get(opcode)
+        for length in ((0, 1, 1300) if header is None else (0,)):
+            out.append(Segment(opcode, rng.randbytes(length), header=header, **kw).encode())
+    return out
+
+
+def framed(n, ulpdus):
+    """The gateware framer's FPDUs of ``ulpdus``: CRC on, markers off."""
+    dut = FpduFramer(n)
+    got = {}
+
+    async def headers(ctx):
+        await send(AmaranthBus(ctx), StreamPort.amaranth(dut.i_header),
+                   [{"ulpdu_length": len(u), "crc": 1, "markers": 0, "position": 0}
+                    for u in ulpdus])
+
+    async def payloads(ctx):
+        await send_packets(AmaranthBus(ctx), StreamPort.amaranth(dut.i_payload),
+                           [u for u in ulpdus if u], n)
+
+    async def fpdus(ctx):
+        ctx.set(dut.o_length.ready, 1)
+        got["fpdus"] = await recv_packets(AmaranthBus(ctx), StreamPort.amaranth(dut.o),
+                                          len(ulpdus), n)
+
+    run(dut, headers, payloads, fpdus, name=f"mpa_framer_tshark_w{n}")
+    return [bytes(p) for p in got["fpdus"]]
+
+
+#: tshark's names of the RDMAP opcodes (tshark 4.0 does not know Immediate Data).
+TSHARK_OPCODE = {
+    Opcode.WRITE: "Write", Opcode.READ_REQUEST: "Read Request",
+    Opcode.READ_RESPONSE: "Read Response", Opcode.SEND: "Send",
+    Opcode.SEND_INVALIDATE: "Send with Invalidate", Opcode.SEND_SE: "Send with SE",
+    Opcode.SEND_SE_INVALIDATE: "Send with SE and Invalidate", Opcode.TERMINATE: "Terminate",
+    Opcode.IMMEDIATE_DATA: "Unknown", Opcode.IMMEDIATE_DATA_SE: "Unknown",
+    Opcode.ATOMIC_REQUEST: "Atomic Request", Opcode.ATOMIC_RESPONSE: "Atomic Response",
+}
+
+
+@pytest.mark.tshark
+@pytest.mark.parametrize("n", [1, 8, 64])
+def test_tshark(tmp_path, n):
+    """tshark finds each gateware FPDU with ``Good CRC32`` and the RDMAP opcodes as sent; the
+    deframer returns the segments from the same stream."""
+    ulpdus = segments(random.Random(n))
+    fpdus = framed(n, ulpdus)
+    path = tmp_path / f"mpa_w{n}.pcap"
+    with StreamCapture(path, ("10.0.0.1", 40000), ("10.0.0.2", 5000)) as capture:
+        capture.sent(MpaFrame(reply=False, crc=True, revision=1).encode())
+        capture.received(MpaFrame(reply=True, crc=True, revision=1).encode())
+        for fpdu in fpdus:
+            capture.sent(fpdu)
+    root, expert = decode(path)
+    assert len(fields(root, "iwarp_mpa.fpdu")) == len(ulpdus)
+    checks = [f.get("showname") for f in fields(root, "iwarp_mpa.crc_check")]
+    assert len(checks) == len(ulpdus), checks
+    assert all("(Good CRC32)" in check for check in checks), checks
+    assert rdmap_opcodes(root) == Counter(TSHARK_OPCODE[Opcode(u[1] & 0xF)] for u in ulpdus)
+    assert not fields(root, "_ws.malformed")
+    assert not re.search(r"^Errors \(", expert, re.M), expert
+    got, kind = check(n, b"".join(fpdus), crc=True, markers=False, seed=n)
+    assert kind is None and got == ulpdus
 
 
 @pytest.mark.parametrize("n", [1, 8, 64])

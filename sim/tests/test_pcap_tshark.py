@@ -5,8 +5,6 @@ on every FPDU when CRC is on and no malformed packet or error in the expert info
 
 import asyncio
 import re
-import subprocess
-import xml.etree.ElementTree as ET
 from collections import Counter
 
 import pytest
@@ -16,14 +14,10 @@ from iwarp_model.engine import Connection
 from iwarp_model.mr import Access
 from iwarp_model.transport import sockets
 from iwarp_model.verbs import RecvWR, SendFlags, SendWR, WrOpcode
+from iwarp_tb.tshark import decode, fields, rdmap_opcodes
 
 SIG = SendFlags.SIGNALED
 ALL = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
-TSHARK = ["tshark", "-n", "-o", "tcp.try_heuristic_first:TRUE",
-          "-o", "iwarp_ddp_rdmap.reassemble_iwarp_rdma_send:FALSE",
-          "--disable-heuristic", "rpcrdma_iwarp", "--disable-heuristic", "smb_direct_iwarp",
-          "-o", "ip.check_checksum:TRUE", "-o", "tcp.check_checksum:TRUE", "-T", "pdml",
-          "-z", "expert"]
 # tshark 4.0 predates RFC 6581: a rev 2 frame's IRD/ORD bytes draw these two warnings.
 REV2_WARNINGS = {"Res field is NOT set to zero as required by RFC 5044",
                  "Rev field is NOT set to one as required by RFC 5044"}
@@ -76,18 +70,6 @@ async def traffic(client_pcap, server_dir, **options):
     return fpdus
 
 
-def decode(path):
-    done = subprocess.run([*TSHARK, "-r", str(path)], capture_output=True, text=True,
-                          timeout=60)
-    assert done.returncode == 0, done.stderr
-    xml, _, expert = done.stdout.partition("</pdml>")
-    return ET.fromstring(xml + "</pdml>"), expert
-
-
-def fields(root, name):
-    return [f for f in root.iter("field") if f.get("name") == name]
-
-
 @pytest.mark.tshark
 @pytest.mark.parametrize("revision", [1, 2])
 @pytest.mark.parametrize("crc", [False, True])
@@ -102,9 +84,7 @@ def test_tshark_decodes_socket_runs(tmp_path, revision, crc):
         root, expert = decode(pcap)
         assert len(fields(root, "iwarp_mpa.req")) == len(fields(root, "iwarp_mpa.rep")) == 1
         assert len(fields(root, "iwarp_mpa.fpdu")) == fpdus
-        opcodes = Counter(re.sub(r" \(0x[0-9a-f]+\)$", "", f.get("showname").split(": ", 1)[1])
-                          for f in fields(root, "iwarp_rdma.opcode"))
-        assert opcodes == EXPECTED
+        assert rdmap_opcodes(root) == EXPECTED
         checks = [f.get("showname") for f in fields(root, "iwarp_mpa.crc_check")]
         if crc:
             assert len(checks) == fpdus

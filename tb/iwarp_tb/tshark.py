@@ -1,0 +1,42 @@
+"""tshark (Wireshark's dissectors) as the wire-format oracle of captures (recipes/tshark.md).
+
+:func:`decode` runs tshark on a pcap with the iWARP dissectors in a fixed configuration (TCP
+heuristics first so MPA is found without a port, Send reassembly off, the RPC-over-RDMA and
+SMB Direct heuristics off, IP and TCP checksums checked) and returns the PDML tree and the
+expert-info summary; :func:`fields` picks fields by name, :func:`rdmap_opcodes` counts the RDMAP
+opcodes by tshark's names.
+"""
+
+import re
+import subprocess
+import xml.etree.ElementTree as ET
+from collections import Counter
+
+__all__ = ["TSHARK", "decode", "fields", "rdmap_opcodes"]
+
+TSHARK = ["tshark", "-n", "-o", "tcp.try_heuristic_first:TRUE",
+          "-o", "iwarp_ddp_rdmap.reassemble_iwarp_rdma_send:FALSE",
+          "--disable-heuristic", "rpcrdma_iwarp", "--disable-heuristic", "smb_direct_iwarp",
+          "-o", "ip.check_checksum:TRUE", "-o", "tcp.check_checksum:TRUE", "-T", "pdml",
+          "-z", "expert"]
+
+
+def decode(path):
+    """``(root, expert)``: the PDML of every packet of ``path`` and the expert-info text."""
+    done = subprocess.run([*TSHARK, "-r", str(path)], capture_output=True, text=True,
+                          timeout=60)
+    if done.returncode:
+        raise AssertionError(f"tshark failed on {path}: {done.stderr}")
+    xml, _, expert = done.stdout.partition("</pdml>")
+    return ET.fromstring(xml + "</pdml>"), expert
+
+
+def fields(root, name):
+    """Every field called ``name`` in the PDML tree."""
+    return [f for f in root.iter("field") if f.get("name") == name]
+
+
+def rdmap_opcodes(root):
+    """RDMAP messages per opcode, by tshark's names ("Write", "Send with SE", ...)."""
+    return Counter(re.sub(r" \(0x[0-9a-f]+\)$", "", f.get("showname").split(": ", 1)[1])
+                   for f in fields(root, "iwarp_rdma.opcode"))
