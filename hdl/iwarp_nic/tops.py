@@ -22,6 +22,7 @@ def tops():
     from .ip import IpStack
     from .mpa import FpduDeframer, FpduFramer
     from .node import IpNode, TcpNode
+    from .rdmap import TerminateEmitter
     from .tcp.isn import IsnGenerator
     from .tcp.lookup import ConnLookup
     from .trim import HeadTrim
@@ -39,6 +40,7 @@ def tops():
         tops[f"iwarp_packet_fifo_w{n}"] = lambda n=n: PacketFifo(n, 64)
         tops[f"iwarp_mpa_framer_w{n}"] = lambda n=n: FpduFramer(n)
         tops[f"iwarp_mpa_deframer_w{n}"] = lambda n=n: FpduDeframer(n)
+        tops[f"iwarp_rdmap_terminate_w{n}"] = lambda n=n: TerminateEmitter(n)
     for n in (1, 8):
         tops[f"iwarp_mac_rx_cdc_w{n}"] = lambda n=n: MacRxCrossing(n)
         tops[f"iwarp_mac_tx_cdc_w{n}"] = lambda n=n: MacTxCrossing(n)

@@ -1,0 +1,128 @@
+"""The Terminate message, transmit side: RFC 5040 sections 4.8 and 7 (figures 7, 8 and 10) with
+the error codes of RFC 6580 section 3.
+
+A Terminate is an untagged DDP segment on queue 2 (RFC 5040 4.8, 5.1): the DDP header (T 0,
+L 1, DV 1; RDMAP control RV 1, opcode 7; QN 2, the queue's next MSN, MO 0) and the Terminate
+header: ``Layer | EType | Error Code | M D R | reserved``, then, when the error is about a
+segment that arrived and is not an RDMAP Local Catastrophic error nor an LLP (MPA) error, the
+offending segment's length (M), a copy of its DDP header (D: 14 bytes if tagged, 18 if not)
+and, for a Remote Protection error on an RDMA Read Request, a copy of its 28-byte Read Request
+header (R). This is what the model's ``Terminate.for_error(code, offending)`` encodes.
+"""
+
+from amaranth import C, Cat, Module, Mux, Signal, unsigned
+from amaranth.lib import stream, wiring
+from amaranth.lib.data import StructLayout
+from amaranth.lib.wiring import In, Out
+
+from ..exact import eq, gt, is_zero, lt, mask, select, sub, wire
+from ..stream import BeatStream, check_data_bytes
+
+__all__ = ["OFFENDING_BYTES", "TerminateRequest", "TerminateEmitter"]
+
+_UNTAGGED, _TAGGED, _READ_REQUEST = 18, 14, 28
+#: Octets of the offending segment a Terminate may copy: an untagged DDP header and a Read
+#: Request header.
+OFFENDING_BYTES = _UNTAGGED + _READ_REQUEST
+_TERMINATE_QN, _TERMINATE_OPCODE, _READ_REQUEST_OPCODE = 2, 7, 1
+_LLP, _RDMAP = 2, 0
+#: DDP control (T 0, L 1, DV 1) and RDMAP control (RV 1, Terminate).
+_DDP_CONTROL, _RDMAP_CONTROL = 0x41, 1 << 6 | _TERMINATE_OPCODE
+#: The longest Terminate: DDP header, Terminate control, segment length, both copies.
+_LONGEST = _UNTAGGED + 4 + 2 + OFFENDING_BYTES
+
+#: One Terminate to send. ``layer``, ``etype``, ``ecode``: the RFC 6580 code. ``msn``: the MSN
+#: of queue 2 it takes. ``offending_length``: the length of the DDP segment it is about (the
+#: ULPDU), 0 for none; ``offending``: that segment's first :data:`OFFENDING_BYTES` octets, lane
+#: (octet) 0 first, those past its length ignored.
+TerminateRequest = StructLayout({
+    "layer": 4, "etype": 4, "ecode": 8, "msn": 32,
+    "offending": 8 * OFFENDING_BYTES, "offending_length": 16,
+})
+
+
+def _be(value, octets):
+    """``value`` as ``octets`` octets, most significant first, lane 0 first."""
+    return Cat(value.word_select(octets - 1 - k, 8) for k in range(octets))
+
+
+class TerminateEmitter(wiring.Component):
+    """Build the ULPDU of each requested Terminate (RFC 5040 4.8 and figure 10).
+
+    Ports
+    -----
+    i : In(stream.Signature(TerminateRequest))
+        One request per Terminate.
+    o_length : Out(stream.Signature(unsigned(7)))
+        The ULPDU's length (22, 38, 42 or 70 octets), offered as the request is taken, for the
+        framer's header; it must be taken before the next request is.
+    o : Out(BeatStream(data_bytes))
+        The ULPDU: ``Segment(TERMINATE, msn=msn, header=Terminate.for_error(code,
+        offending)).encode()`` of the model.
+
+    The copies are made when ``offending_length`` is not 0, the error type is not 0 (RDMAP Local
+    Catastrophic) and the layer is not 2 (LLP), and the segment is at least as long as its DDP
+    header (its T bit says which); the Read Request copy when, in addition, the layer and type
+    are RDMAP Remote Protection (0, 1), the segment is untagged with RDMAP opcode 1 and at least
+    46 octets long. Codes outside the RFC 6580 registry are sent as given.
+
+    Throughput: one beat per cycle; a request is taken as the previous ULPDU's last beat goes.
+    Latency: the first beat is offered the cycle after the request is taken. Back-pressure on
+    ``o`` holds the ULPDU.
+    """
+
+    def __init__(self, data_bytes):
+        self.data_bytes = check_data_bytes(data_bytes)
+        super().__init__({
+            "i": In(stream.Signature(TerminateRequest)),
+            "o_length": Out(stream.Signature(unsigned(7))),
+            "o": Out(BeatStream(data_bytes)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self.data_bytes
+        req, out = self.i.payload, self.o
+        offending = req.offending
+        length = req.offending_length
+        tagged = offending[7]                      # T, the first octet's top bit
+        long_enough = Mux(tagged, ~lt(length, _TAGGED), ~lt(length, _UNTAGGED))
+        copy = wire(m, long_enough & ~is_zero(req.etype) & ~eq(req.layer, _LLP), "copy")
+        read_request = ~tagged & eq(offending[8:12], _READ_REQUEST_OPCODE)
+        rdma = wire(m, copy & eq(req.layer, _RDMAP) & eq(req.etype, 1) & read_request
+                    & ~lt(length, OFFENDING_BYTES), "rdma")
+        flags = Cat(C(0, 5), rdma, copy, copy)      # M D R in the top bits of the third octet
+        ulpdu = Cat(
+            C(_DDP_CONTROL, 8), C(_RDMAP_CONTROL, 8), C(0, 32),          # DDP control, RsvdULP
+            _be(C(_TERMINATE_QN, 32), 4), _be(req.msn, 4), C(0, 32),     # QN, MSN, MO
+            Cat(req.etype, req.layer), req.ecode, flags, C(0, 8),         # Terminate control
+            _be(length, 2), offending,                                    # M, D and R copies
+        )
+        total = select(m, Cat(tagged, rdma, copy), {
+            0b100: _UNTAGGED + 4 + 2 + _UNTAGGED, 0b101: _UNTAGGED + 4 + 2 + _TAGGED,
+            0b110: _LONGEST, 0b000: _UNTAGGED + 4}, 7, "total")
+
+        held = Signal(8 * _LONGEST)
+        left = Signal(range(_LONGEST + 1))
+        busy = wire(m, ~is_zero(left), "busy")
+        last = wire(m, ~gt(left, n), "last")
+        out_take = out.valid & out.ready
+        with m.If(self.o_length.ready):
+            m.d.sync += self.o_length.valid.eq(0)
+        m.d.comb += [
+            out.valid.eq(busy),
+            out.payload.data.eq(held[:8 * n]),
+            out.payload.keep.eq(Mux(last, select(m, left[:n.bit_length()],
+                                                 {k: mask(k) for k in range(1, n + 1)}, n,
+                                                 "last_keep"), mask(n))),
+            out.payload.last.eq(last),
+        ]
+        with m.If(out_take):
+            m.d.sync += [held.eq(held >> 8 * n), left.eq(Mux(last, 0, sub(left, n)))]
+        take = self.i.valid & (~busy | (out_take & last)) & (~self.o_length.valid
+                                                               | self.o_length.ready)
+        m.d.comb += self.i.ready.eq(take)
+        with m.If(take):
+            m.d.sync += [held.eq(ulpdu), left.eq(total),
+                         self.o_length.valid.eq(1), self.o_length.payload.eq(total)]
+        return m
