@@ -57,7 +57,7 @@ from ..exact import (
 )
 from ..stream import BeatStream, check_data_bytes
 from ..width import BeatDownsizer, BeatUpsizer
-from .framer import MARKER_INTERVAL, wire_length
+from .framer import MARKER_INTERVAL
 
 __all__ = ["ErrorKind", "FpduBeat", "LogicalBeat", "FpduSplitter", "CrcChecker",
            "MarkerRemover", "StreamVerdict", "FpduDeframer"]
@@ -153,40 +153,72 @@ class FpduSplitter(wiring.Component):
         beat, out = self.i.payload, self.o
         buf = Signal(8 * size)      # buffered octets from lane 0; zero past `have`
         have = Signal(range(size + 1))
-        rem = Signal(17)            # octets of the FPDU without its CRC field still to send
-        length = Signal(16)
-        position = Signal(9)        # stream offset modulo 512 of the FPDU (next) being cut
-        after = Signal(9)           # ... of the one after it
         state = Machine(m, ["HEAD", "BODY", "DEAD"], "state")
-
         have_w = len(have)
+        # The FPDU being cut: its ULPDU_Length and stream offset modulo 512, its octets before
+        # the CRC field still to send not counting markers, and the octets from the buffer's
+        # head to the next marker (modulo 512).
+        length = Signal(16)
+        position = Signal(9)
+        lrem = Signal(17)
+        to_marker = Signal(9)
+        # Planned a cycle ahead for the beat at the buffer's head: it is the FPDU's last
+        # (`final`), with `end - 4` octets before the CRC field.
+        final = Signal()
+        end = Signal(range(n + 2 * _CRC + 1))
+        ew = len(end)
 
-        def header(name, window, avail, pos):
-            """The ULPDU_Length field of an FPDU at stream offset ``pos`` whose octets start at
-            ``window``, whether it is in the buffer (of ``avail`` octets), its span on the
-            wire, and whether it is over ``max_ulpdu``."""
-            leading = self.markers & is_zero(pos[2:])
+        def logical(field):
+            """ULPDU_Length field, ULPDU and pad: ``(field + 5) & ~3`` octets."""
+            return Cat(C(0, 2), add(widened(m, field, 17, "field_wide"), 5)[2:])
+
+        def plan(name, lrem_v, to_marker_v):
+            """``final`` and ``end`` of a head beat: the FPDU ends in it once the marker in it
+            (at lane ``to_marker_v``, when markers are on) is counted if it comes before or
+            right at the end of the ULPDU's pad."""
+            low = lrem_v[:ew]
+            inside = self.markers & lt(to_marker_v, n) & (
+                widened(m, low, 9, f"{name}_low") >= to_marker_v)
+            e = wire(m, Mux(inside, add(low, _MARKER + _CRC), add(low, _CRC)), f"{name}_end")
+            fin = wire(m, ~gt(lrem_v, n) & ~gt(e, n + _CRC), f"{name}_final")
+            return fin, e
+
+        def header(name, window, avail, to_marker_v):
+            """The ULPDU_Length field of an FPDU whose octets start at ``window``, whether it
+            is in the buffer (of ``avail`` octets), and whether it is over ``max_ulpdu``."""
+            leading = self.markers & is_zero(to_marker_v)
             field = wire(m, Mux(leading, Cat(window[40:48], window[32:40]),
                                 Cat(window[8:16], window[:8])), f"{name}_field")
             present = wire(m, Mux(leading, ~lt(avail, 6), ~lt(avail, 2)), f"{name}_present")
-            return (field, present, wire_length(m, field, pos, self.markers),
-                    wire(m, field > self.max_ulpdu, f"{name}_oversize"))
+            return field, present, wire(m, field > self.max_ulpdu, f"{name}_oversize")
 
-        final = wire(m, ~gt(rem, n), "final")
-        rem_low = rem[:n.bit_length()]
-        field, has_field, span, oversize = header("head", buf, have, position)
-        final_keep = select(m, rem_low, {k: mask(k) for k in range(1, n + 1)}, n, "final_keep")
-        crc_field = select(m, rem_low, {k: buf[8 * k:8 * k + 32] for k in range(1, n + 1)},
+        # The first beat of an FPDU whose header is at the buffer's head (HEAD).
+        field, has_field, oversize = header("head", buf, have, to_marker)
+        head_lrem = wire(m, logical(field), "head_lrem")
+        head_final, head_end = plan("head", head_lrem, to_marker)
+        # The next beat of this FPDU.
+        marker_here = self.markers & lt(to_marker, n)
+        body_lrem = wire(m, Mux(marker_here, sub(lrem, n - _MARKER), sub(lrem, n)), "body_lrem")
+        body_to_marker = wire(m, sub(to_marker, n), "body_to_marker")
+        body_final, body_end = plan("body", body_lrem, body_to_marker)
+        # The first beat of the next FPDU, read as this one's last beat goes.
+        next_to_marker = wrap_sub(m, to_marker, end, 9, "next_to_marker")
+        next_window = select(m, end[2:], {k: buf[32 * k:32 * k + 48]
+                                          for k in range(2, n // 4 + 2)}, 48, "next_window")
+        next_field, next_present, next_oversize = header(
+            "next", next_window, wrap_sub(m, have, end, have_w, "next_avail"), next_to_marker)
+        next_lrem = wire(m, logical(next_field), "next_lrem")
+        next_final, next_end = plan("next", next_lrem, next_to_marker)
+
+        e_low = end[:n.bit_length() + 1]
+        final_keep = select(m, e_low, {k + _CRC: mask(k) for k in range(1, n + 1)}, n,
+                            "final_keep")
+        crc_field = select(m, e_low, {k + _CRC: buf[8 * k:8 * k + 32] for k in range(1, n + 1)},
                            32, "crc_field")
         consumed = Signal(range(n + _CRC + 1))
         cw = len(consumed)
-        final_span = wire(m, add(widened(m, rem_low, have_w, "rem_wide"), _CRC), "final_span")
-        ready_body = wire(m, Mux(final, have >= final_span, ~lt(have, n)), "ready_body")
-        # The next FPDU's header, read as this one's last beat goes (no cycle in HEAD).
-        next_window = select(m, rem_low[2:], {k: buf[32 * (k + 1):32 * (k + 1) + 48]
-                                              for k in range(1, n // 4 + 1)}, 48, "next_window")
-        next_field, next_present, next_span, next_oversize = header(
-            "next", next_window, wrap_sub(m, have, final_span, have_w, "next_avail"), after)
+        ready_body = wire(m, Mux(final, have >= widened(m, end, have_w, "end_wide"),
+                                 ~lt(have, n)), "ready_body")
 
         out_free = ~out.valid | out.ready
         with m.If(out.ready):
@@ -199,16 +231,14 @@ class FpduSplitter(wiring.Component):
                             out.valid.eq(1), out.payload.data.eq(buf[:8 * n]),
                             out.payload.keep.eq(mask(min(n, _MARKER + _LENGTH))),
                             out.payload.last.eq(1), out.payload.oversize.eq(1),
-                            out.payload.length.eq(field), out.payload.position.eq(position),
+                            out.payload.length.eq(field),
+                            out.payload.position.eq(add(~to_marker, 1)),
                             out.payload.crc_bad.eq(0), out.payload.crc_field.eq(0),
                         ]
                         state.goto("DEAD")
                 with m.Else():
-                    m.d.sync += [
-                        length.eq(field),
-                        rem.eq(sub(span, _CRC)),
-                        after.eq(wrap_add(m, position, span[:9], 9, "after_sum")),
-                    ]
+                    m.d.sync += [length.eq(field), position.eq(add(~to_marker, 1)),
+                                 lrem.eq(head_lrem), final.eq(head_final), end.eq(head_end)]
                     state.goto("BODY")
         with state.state("BODY"):
             with m.If(ready_body & out_free):
@@ -218,19 +248,21 @@ class FpduSplitter(wiring.Component):
                     out.payload.last.eq(final), out.payload.oversize.eq(0),
                     out.payload.length.eq(length), out.payload.position.eq(position),
                     out.payload.crc_bad.eq(0), out.payload.crc_field.eq(crc_field),
-                    rem.eq(sub(rem, n)),
                 ]
-                m.d.comb += consumed.eq(Mux(final, final_span[:cw], n))
                 with m.If(final):
-                    m.d.sync += position.eq(after)
+                    m.d.comb += consumed.eq(end[:cw])
+                    m.d.sync += to_marker.eq(next_to_marker)
                     with m.If(next_present & ~next_oversize):
-                        m.d.sync += [
-                            length.eq(next_field),
-                            rem.eq(sub(next_span, _CRC)),
-                            after.eq(wrap_add(m, after, next_span[:9], 9, "next_after")),
-                        ]
+                        m.d.sync += [length.eq(next_field),
+                                     position.eq(add(~next_to_marker, 1)),
+                                     lrem.eq(next_lrem), final.eq(next_final),
+                                     end.eq(next_end)]
                     with m.Else():
                         state.goto("HEAD")
+                with m.Else():
+                    m.d.comb += consumed.eq(n)
+                    m.d.sync += [to_marker.eq(body_to_marker), lrem.eq(body_lrem),
+                                 final.eq(body_final), end.eq(body_end)]
 
         # The buffer: drop what was sent, append the input beat behind what is left.
         dead = wire(m, eq(state.reg, 2), "dead")
