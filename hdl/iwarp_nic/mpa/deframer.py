@@ -57,7 +57,6 @@ from ..exact import (
 )
 from ..stream import BeatStream, check_data_bytes
 from ..width import BeatDownsizer, BeatUpsizer
-from .framer import MARKER_INTERVAL
 
 __all__ = ["ErrorKind", "FpduBeat", "LogicalBeat", "FpduSplitter", "CrcChecker",
            "MarkerRemover", "StreamVerdict", "FpduDeframer"]
@@ -78,13 +77,19 @@ class ErrorKind(enum.Enum, shape=2):
 def FpduBeat(data_bytes):
     """A beat of an FPDU without its CRC field, lane 0 first.
 
-    ``length`` and ``position`` (the FPDU's ULPDU_Length and the stream offset of its first
-    octet modulo 512) are on every beat, ``crc_field`` (the received CRC field as a
-    little-endian word) and ``crc_bad`` (set by :class:`CrcChecker`) on the last. An FPDU whose
-    ULPDU_Length is too long is a one-beat packet with ``oversize`` and no other meaning."""
+    ``length`` (the FPDU's ULPDU_Length) is on every beat, ``crc_field`` (the received CRC
+    field as a little-endian word) and ``crc_bad`` (set by :class:`CrcChecker`) on the last.
+    ``marker``: word ``marker_lane`` of the beat is a marker, whose FPDUPTR must be
+    ``fpduptr`` (its two low bits aside). An FPDU whose ULPDU_Length is too long is a one-beat
+    packet with ``oversize`` and no other meaning."""
     return StructLayout({"data": 8 * data_bytes, "keep": data_bytes, "last": 1,
-                         "length": 16, "position": 9, "crc_field": 32, "crc_bad": 1,
-                         "oversize": 1})
+                         "length": 16, "crc_field": 32, "crc_bad": 1, "oversize": 1,
+                         "marker": 1, "marker_lane": _lane_bits(data_bytes), "fpduptr": 16})
+
+
+def _lane_bits(data_bytes):
+    """Bits of a word lane number of a beat."""
+    return max(1, (data_bytes // 4 - 1).bit_length())
 
 
 def LogicalBeat(data_bytes):
@@ -123,15 +128,19 @@ class FpduSplitter(wiring.Component):
         Per FPDU one packet of its octets up to the pad (a leading marker, inner markers and a
         marker right after the pad included), the CRC field after them on the last beat. An
         FPDU whose ULPDU_Length is above ``max_ulpdu`` gives a one-beat ``oversize`` packet
-        (its first octets), and from then on every input octet is taken and thrown away.
+        (its first octets), and from then on every input octet is taken and thrown away. The
+        markers are found by their stream offsets (multiples of 512 from SeqStart): a beat
+        with one inside the FPDU flags its word and the FPDUPTR it must hold, the distance from
+        the ULPDU_Length field (0 for a leading marker).
 
-    The octets wait in a buffer of ``2 * data_bytes + 8`` bytes: each cycle takes one input beat
+    The octets wait in a buffer of ``3 * data_bytes + 8`` bytes: each cycle takes one input beat
     while the buffer has room for it and, once an FPDU's length is known, sends one beat of it
     (a whole beat, or the rest of the FPDU once it and its CRC field are in the buffer).
 
     Throughput: one beat per cycle, plus the last partial beat of each FPDU. The next FPDU's
-    ULPDU_Length field is read as the last beat of one goes, when it is in the buffer by then;
-    otherwise (and for the first FPDU) reading it takes a cycle. Latency: an FPDU's first beat
+    ULPDU_Length field is read as the last beat of one goes, when it is in the buffer by then
+    and the FPDU is longer than a beat; otherwise (and for the first FPDU) reading it takes a
+    cycle. Latency: an FPDU's first beat
     is offered one or two cycles after the input beat that completes its first ``data_bytes``
     octets (or the whole FPDU) is taken.
     Back-pressure on ``o`` fills the buffer, then stalls ``i``.
@@ -139,7 +148,7 @@ class FpduSplitter(wiring.Component):
 
     def __init__(self, data_bytes):
         self.data_bytes = _check_core(data_bytes)
-        self.buffer_bytes = 2 * data_bytes + 8
+        self.buffer_bytes = 3 * data_bytes + 8
         super().__init__({
             "i": In(BeatStream(data_bytes)),
             "markers": In(1),
@@ -155,11 +164,12 @@ class FpduSplitter(wiring.Component):
         have = Signal(range(size + 1))
         state = Machine(m, ["HEAD", "BODY", "DEAD"], "state")
         have_w = len(have)
-        # The FPDU being cut: its ULPDU_Length and stream offset modulo 512, its octets before
-        # the CRC field still to send not counting markers, and the octets from the buffer's
-        # head to the next marker (modulo 512).
+        # The FPDU being cut: its ULPDU_Length, whether it starts with a marker, its octets
+        # sent, its octets before the CRC field still to send not counting markers, and the
+        # octets from the buffer's head to the next marker (modulo 512).
         length = Signal(16)
-        position = Signal(9)
+        leading = Signal()
+        sent = Signal(17)
         lrem = Signal(17)
         to_marker = Signal(9)
         # Planned a cycle ahead for the beat at the buffer's head: it is the FPDU's last
@@ -172,50 +182,73 @@ class FpduSplitter(wiring.Component):
             """ULPDU_Length field, ULPDU and pad: ``(field + 5) & ~3`` octets."""
             return Cat(C(0, 2), add(widened(m, field, 17, "field_wide"), 5)[2:])
 
-        def plan(name, lrem_v, to_marker_v):
-            """``final`` and ``end`` of a head beat: the FPDU ends in it once the marker in it
-            (at lane ``to_marker_v``, when markers are on) is counted if it comes before or
-            right at the end of the ULPDU's pad."""
-            low = lrem_v[:ew]
-            inside = self.markers & lt(to_marker_v, n) & (
-                widened(m, low, 9, f"{name}_low") >= to_marker_v)
-            e = wire(m, Mux(inside, add(low, _MARKER + _CRC), add(low, _CRC)), f"{name}_end")
-            fin = wire(m, ~gt(lrem_v, n) & ~gt(e, n + _CRC), f"{name}_final")
-            return fin, e
+        def at_most(value, bound):
+            return ~gt(value, bound) if bound >= 0 else C(0, 1)
 
-        def header(name, window, avail, to_marker_v):
-            """The ULPDU_Length field of an FPDU whose octets start at ``window``, whether it
-            is in the buffer (of ``avail`` octets), and whether it is over ``max_ulpdu``."""
-            leading = self.markers & is_zero(to_marker_v)
+        def plan_end(name, lrem_v, inside):
+            """``end`` of a head beat that is the FPDU's last: the octets before its CRC field
+            (``lrem_v``, plus the marker ``inside`` them), plus the CRC field."""
+            low = lrem_v[:ew]
+            return wire(m, Mux(inside, add(low, _MARKER + _CRC), add(low, _CRC)), f"{name}_end")
+
+        def header(name, window, avail, leading):
+            """The ULPDU_Length field of an FPDU whose octets start at ``window`` (after a
+            ``leading`` marker or not), whether it is in the buffer (of ``avail`` octets), and
+            whether it is over ``max_ulpdu``."""
             field = wire(m, Mux(leading, Cat(window[40:48], window[32:40]),
                                 Cat(window[8:16], window[:8])), f"{name}_field")
             present = wire(m, Mux(leading, ~lt(avail, 6), ~lt(avail, 2)), f"{name}_present")
             return field, present, wire(m, field > self.max_ulpdu, f"{name}_oversize")
 
         # The first beat of an FPDU whose header is at the buffer's head (HEAD).
-        field, has_field, oversize = header("head", buf, have, to_marker)
+        head_leading = wire(m, self.markers & is_zero(to_marker), "head_leading")
+        field, has_field, oversize = header("head", buf, have, head_leading)
+        # A marker in a head beat counts when it comes before the end of the pad or right
+        # after it (a leading marker always). The first beat is the last when `logical(field)`
+        # octets, with such a marker, fit: field <= n - 2 (n - 6 with the marker).
+        marker_here = wire(m, self.markers & lt(to_marker, n), "marker_here")
         head_lrem = wire(m, logical(field), "head_lrem")
-        head_final, head_end = plan("head", head_lrem, to_marker)
-        # The next beat of this FPDU.
-        marker_here = self.markers & lt(to_marker, n)
+        head_inside = wire(m, marker_here & (widened(m, head_lrem[:ew], 9, "head_low")
+                                             >= to_marker), "head_inside")
+        head_final = Mux(head_inside, at_most(field, n - 6), at_most(field, n - 2))
+        head_end = plan_end("head", head_lrem, head_inside)
+        # The next beat of this FPDU, after a beat that is not its last. Its marker, if any,
+        # counts when it is not after the pad: lrem >= to_marker (then, n <= to_marker < 2n).
         body_lrem = wire(m, Mux(marker_here, sub(lrem, n - _MARKER), sub(lrem, n)), "body_lrem")
         body_to_marker = wire(m, sub(to_marker, n), "body_to_marker")
-        body_final, body_end = plan("body", body_lrem, body_to_marker)
+        body_inside = wire(m, self.markers & ~marker_here & lt(to_marker, 2 * n)
+                           & (lrem >= widened(m, to_marker, 17, "to_marker_wide")),
+                           "body_inside")
+        body_final = wire(m, Mux(marker_here | body_inside, at_most(lrem, 2 * n - _MARKER),
+                                 at_most(lrem, 2 * n)), "body_final")
+        body_end = plan_end("body", body_lrem, body_inside)
         # The first beat of the next FPDU, read as this one's last beat goes.
         next_to_marker = wrap_sub(m, to_marker, end, 9, "next_to_marker")
         next_window = select(m, end[2:], {k: buf[32 * k:32 * k + 48]
                                           for k in range(2, n // 4 + 2)}, 48, "next_window")
+        next_leading = wire(m, self.markers & (to_marker == widened(m, end, 9, "end_offset")),
+                            "next_leading")
         next_field, next_present, next_oversize = header(
-            "next", next_window, wrap_sub(m, have, end, have_w, "next_avail"), next_to_marker)
+            "next", next_window, wrap_sub(m, have, end, have_w, "next_avail"), next_leading)
         next_lrem = wire(m, logical(next_field), "next_lrem")
-        next_final, next_end = plan("next", next_lrem, next_to_marker)
+        # Its first beat cannot be its last (then HEAD plans a short FPDU's first beat).
+        next_long = wire(m, next_present & ~next_oversize & gt(next_field, n - 2), "next_long")
 
+        # The head beat's marker, if it is inside the FPDU (before its CRC field), and the
+        # FPDUPTR it must hold: its distance from the ULPDU_Length field, 0 if leading.
+        marker_counts = wire(m, marker_here & (~final | (
+            widened(m, sub(end, _CRC), 9, "covered") > to_marker)), "marker_counts")
+        offset = wire(m, wrap_add(m, sent, to_marker, 17, "marker_offset"), "offset")
+        fpduptr = wire(m, Mux(leading & ~is_zero(offset), sub(offset, _MARKER), offset)[:16],
+                       "fpduptr")
         e_low = end[:n.bit_length() + 1]
         final_keep = select(m, e_low, {k + _CRC: mask(k) for k in range(1, n + 1)}, n,
                             "final_keep")
         crc_field = select(m, e_low, {k + _CRC: buf[8 * k:8 * k + 32] for k in range(1, n + 1)},
                            32, "crc_field")
-        consumed = Signal(range(n + _CRC + 1))
+        consumed = Signal(range(n + _CRC + 1))     # octets sent this cycle, and
+        drop_end = Signal()                         # ... they are an FPDU's last beat's
+        drop_beat = Signal()                        # ... or a whole beat
         cw = len(consumed)
         ready_body = wire(m, Mux(final, have >= widened(m, end, have_w, "end_wide"),
                                  ~lt(have, n)), "ready_body")
@@ -231,13 +264,12 @@ class FpduSplitter(wiring.Component):
                             out.valid.eq(1), out.payload.data.eq(buf[:8 * n]),
                             out.payload.keep.eq(mask(min(n, _MARKER + _LENGTH))),
                             out.payload.last.eq(1), out.payload.oversize.eq(1),
-                            out.payload.length.eq(field),
-                            out.payload.position.eq(add(~to_marker, 1)),
+                            out.payload.length.eq(field), out.payload.marker.eq(0),
                             out.payload.crc_bad.eq(0), out.payload.crc_field.eq(0),
                         ]
                         state.goto("DEAD")
                 with m.Else():
-                    m.d.sync += [length.eq(field), position.eq(add(~to_marker, 1)),
+                    m.d.sync += [length.eq(field), leading.eq(head_leading), sent.eq(0),
                                  lrem.eq(head_lrem), final.eq(head_final), end.eq(head_end)]
                     state.goto("BODY")
         with state.state("BODY"):
@@ -246,40 +278,43 @@ class FpduSplitter(wiring.Component):
                     out.valid.eq(1), out.payload.data.eq(buf[:8 * n]),
                     out.payload.keep.eq(Mux(final, final_keep, mask(n))),
                     out.payload.last.eq(final), out.payload.oversize.eq(0),
-                    out.payload.length.eq(length), out.payload.position.eq(position),
+                    out.payload.length.eq(length),
                     out.payload.crc_bad.eq(0), out.payload.crc_field.eq(crc_field),
+                    out.payload.marker.eq(marker_counts), out.payload.marker_lane.eq(
+                        to_marker[2:2 + _lane_bits(n)]), out.payload.fpduptr.eq(fpduptr),
                 ]
                 with m.If(final):
-                    m.d.comb += consumed.eq(end[:cw])
+                    m.d.comb += [consumed.eq(end[:cw]), drop_end.eq(1)]
                     m.d.sync += to_marker.eq(next_to_marker)
-                    with m.If(next_present & ~next_oversize):
-                        m.d.sync += [length.eq(next_field),
-                                     position.eq(add(~next_to_marker, 1)),
-                                     lrem.eq(next_lrem), final.eq(next_final),
-                                     end.eq(next_end)]
+                    with m.If(next_long):
+                        m.d.sync += [length.eq(next_field), leading.eq(next_leading),
+                                     sent.eq(0), lrem.eq(next_lrem), final.eq(0)]
                     with m.Else():
                         state.goto("HEAD")
                 with m.Else():
-                    m.d.comb += consumed.eq(n)
+                    m.d.comb += [consumed.eq(n), drop_beat.eq(1)]
                     m.d.sync += [to_marker.eq(body_to_marker), lrem.eq(body_lrem),
-                                 final.eq(body_final), end.eq(body_end)]
+                                 final.eq(body_final), end.eq(body_end), sent.eq(add(sent, n))]
 
-        # The buffer: drop what was sent, append the input beat behind what is left.
+        # The buffer: the input beat goes behind what it holds (when there is room even if
+        # nothing is sent), then what was sent is dropped (a beat, or up to a word boundary).
         dead = wire(m, eq(state.reg, 2), "dead")
-        left = wrap_sub(m, have, consumed, have_w, "left")
-        room = wire(m, ~gt(left, size - n), "room")
+        room = wire(m, ~gt(have, size - n), "room")
         m.d.comb += self.i.ready.eq(room | dead)
+        take = self.i.valid & room & ~dead
         count = _count_of(m, beat.keep, n, "in_count")
         lanes = Cat(beat.data.word_select(j, 8) & beat.keep[j].replicate(8) for j in range(n))
         shift_w = (size - 1).bit_length()
-        dropped = shift_right(m, Cat(buf, C(0, 8 * ((1 << cw) - 1))), consumed, 8, "dropped")
-        fill = (1 << shift_w) - 1      # placing at `left` = shifting right by fill - left
+        fill = (1 << shift_w) - 1      # placing at `have` = shifting right by fill - have
         placed = shift_right(m, Cat(C(0, 8 * fill), lanes, C(0, 8 * (size - n))),
-                             ~left[:shift_w], 8, "placed")
-        take = self.i.valid & room & ~dead
+                             ~have[:shift_w], 8, "placed")
+        joined = wire(m, buf | Mux(take, placed[:8 * size], 0), "joined")
+        past_end = select(m, end[2:], {k: joined[32 * k:] for k in range(2, n // 4 + 2)},
+                          8 * size, "past_end")
+        with_input = wrap_add(m, have, Mux(take, count, 0), have_w, "with_input")
         m.d.sync += [
-            buf.eq(dropped[:8 * size] | Mux(take, placed[:8 * size], 0)),
-            have.eq(Mux(take, wrap_add(m, left, count, have_w, "have_next"), left)),
+            buf.eq(Mux(drop_end, past_end, Mux(drop_beat, joined[8 * n:], joined))),
+            have.eq(wrap_sub(m, with_input, consumed, have_w, "have_next")),
         ]
         with m.If(dead):
             m.d.sync += [buf.eq(0), have.eq(0)]
@@ -350,15 +385,12 @@ class MarkerRemover(wiring.Component):
     Ports
     -----
     i : In(stream.Signature(FpduBeat(data_bytes)))
-        FPDUs from :class:`CrcChecker`.
-    markers : In(1)
-        Markers are in use (negotiated); held steady while the stream runs.
+        FPDUs from :class:`CrcChecker`, their marker words flagged by :class:`FpduSplitter`.
     o : Out(stream.Signature(LogicalBeat(data_bytes)))
-        Per FPDU its ULPDU_Length field and ULPDU, from lane 0: the words at the stream
-        offsets that are multiples of 512 are removed and the pad is cut off the last beat.
-        ``marker_bad`` on the last beat when a removed marker's FPDUPTR, its two low bits
-        cleared, is not the distance from the ULPDU_Length field to it (0 for a leading marker);
-        ``crc_bad`` passes. An ``oversize`` packet gives one verdict-only beat.
+        Per FPDU its ULPDU_Length field and ULPDU, from lane 0: the marker words are removed
+        and the pad is cut off the last beat. ``marker_bad`` on the last beat when a removed
+        marker's FPDUPTR, its two low bits cleared, is not the beat's ``fpduptr``; ``crc_bad``
+        passes. An ``oversize`` packet gives one verdict-only beat.
 
     The words after a marker move down one lane; the words that do not fill an output beat wait
     in a carry register for the next. Throughput: one input beat per cycle; a beat whose words
@@ -371,7 +403,6 @@ class MarkerRemover(wiring.Component):
         self.data_bytes = _check_core(data_bytes)
         super().__init__({
             "i": In(stream.Signature(FpduBeat(data_bytes))),
-            "markers": In(1),
             "o": Out(stream.Signature(LogicalBeat(data_bytes))),
         })
 
@@ -382,9 +413,6 @@ class MarkerRemover(wiring.Component):
         wb = (2 * u).bit_length()        # wide enough for 2u words
         beat, out = self.i.payload, self.o
         first = Signal(init=1)           # the next input beat starts a packet
-        dist_r = Signal(9)               # octets from the next input beat to the next marker
-        ptr_r = Signal(16)               # FPDUPTR expected of it (unless it is leading)
-        lead_r = Signal()
         bad_r = Signal()                 # a marker of this packet was bad
         out_left = Signal(17)            # octets of ULPDU_Length and ULPDU still to send
         held = Signal(wb)                # words waiting in `carry`
@@ -393,29 +421,15 @@ class MarkerRemover(wiring.Component):
         crc_bad_r = Signal()
         held_now = wire(m, Mux(flush, 0, held), "held_now")   # the carry's words before `i`'s
 
-        # At a packet's first beat, its marker arithmetic starts from its position.
-        to_marker = wire(m, add(~Cat(C(0, 2), beat.position[2:]), 1), "to_marker")
-        leading = wire(m, is_zero(beat.position[2:]), "leading")
-        dist = wire(m, Mux(first, to_marker, dist_r), "dist")
-        ptr = wire(m, Mux(first, Cat(C(0, 2), to_marker[2:] | leading.replicate(7),
-                                     leading.replicate(7)), ptr_r), "ptr")
-        lead = wire(m, Mux(first, leading, lead_r), "lead")
         left = wire(m, Mux(first, add(widened(m, beat.length, 17, "length_wide"), _LENGTH),
                             out_left), "left")
         bad = wire(m, ~first & bad_r, "bad")
-
+        here, lane = beat.marker, beat.marker_lane
         words_in = _count_of(m, beat.keep, n, "in_bytes")[2:]
-        if u > 1:
-            lane = dist[2:2 + (u - 1).bit_length()]
-            word_at = select(m, lane, [beat.data.word_select(q, 32) for q in range(u)], 32,
-                             "marker_word")
-            inside = widened(m, lane, len(words_in), "lane_wide") < words_in
-        else:
-            word_at, inside = beat.data, words_in[0]
-        here = wire(m, self.markers & lt(dist, n) & inside, "here")
+        word_at = (select(m, lane, [beat.data.word_select(q, 32) for q in range(u)], 32,
+                          "marker_word") if u > 1 else beat.data)
         fpduptr = Cat(word_at[24:32], word_at[16:24])     # octets 2 and 3, big-endian
-        expected = Mux(lead, C(0, 16), ptr)
-        wrong = wire(m, here & ((fpduptr & 0xFFFC) != expected), "wrong")
+        wrong = wire(m, here & ((fpduptr & 0xFFFC) != beat.fpduptr), "wrong")
         avail = wrap_sub(m, widened(m, words_in, wb, "words_wide"), here, wb, "avail")
 
         # x: the input words with the marker's taken out (the words above it move down).
@@ -462,9 +476,6 @@ class MarkerRemover(wiring.Component):
             m.d.comb += self.i.ready.eq(1)
             m.d.sync += [
                 first.eq(beat.last), bad_r.eq(bad | wrong), crc_bad_r.eq(beat.crc_bad),
-                dist_r.eq(sub(dist, n)),
-                ptr_r.eq(Mux(here, add(ptr, MARKER_INTERVAL), ptr)),
-                lead_r.eq(lead & ~here),
                 out_left.eq(left),
                 carry.eq(y), held.eq(total),
             ]
@@ -595,7 +606,7 @@ class FpduDeframer(wiring.Component):
         m.submodules.remover = remover = MarkerRemover(core)
         m.submodules.verdict = verdict = StreamVerdict(core)
         m.d.comb += [splitter.markers.eq(self.markers), splitter.max_ulpdu.eq(self.max_ulpdu),
-                     checker.crc.eq(self.crc), remover.markers.eq(self.markers)]
+                     checker.crc.eq(self.crc)]
         wiring.connect(m, splitter.o, checker.i)
         wiring.connect(m, checker.o, remover.i)
         wiring.connect(m, remover.o, verdict.i)
