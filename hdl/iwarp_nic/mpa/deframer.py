@@ -139,8 +139,8 @@ class FpduSplitter(wiring.Component):
 
     Throughput: one beat per cycle, plus the last partial beat of each FPDU. The next FPDU's
     ULPDU_Length field is read as the last beat of one goes, when it is in the buffer by then
-    and the FPDU is longer than a beat; otherwise (and for the first FPDU) reading it takes a
-    cycle. Latency: an FPDU's first beat
+    and the FPDU is longer than a beat; otherwise (and for the first FPDU) reading it and
+    planning the FPDU's first beat take two cycles. Latency: an FPDU's first beat
     is offered one or two cycles after the input beat that completes its first ``data_bytes``
     octets (or the whole FPDU) is taken.
     Back-pressure on ``o`` fills the buffer, then stalls ``i``.
@@ -162,7 +162,7 @@ class FpduSplitter(wiring.Component):
         beat, out = self.i.payload, self.o
         buf = Signal(8 * size)      # buffered octets from lane 0; zero past `have`
         have = Signal(range(size + 1))
-        state = Machine(m, ["HEAD", "BODY", "DEAD"], "state")
+        state = Machine(m, ["HEAD", "PLAN", "BODY", "DEAD"], "state")
         have_w = len(have)
         # The FPDU being cut: its ULPDU_Length, whether it starts with a marker, its octets
         # sent, its octets before the CRC field still to send not counting markers, and the
@@ -207,10 +207,11 @@ class FpduSplitter(wiring.Component):
         # after it (a leading marker always). The first beat is the last when `logical(field)`
         # octets, with such a marker, fit: field <= n - 2 (n - 6 with the marker).
         marker_here = wire(m, self.markers & lt(to_marker, n), "marker_here")
-        head_lrem = wire(m, logical(field), "head_lrem")
+        # PLAN, the cycle after: the first beat of the FPDU whose header HEAD read.
+        head_lrem = wire(m, logical(length), "head_lrem")
         head_inside = wire(m, marker_here & (widened(m, head_lrem[:ew], 9, "head_low")
                                              >= to_marker), "head_inside")
-        head_final = Mux(head_inside, at_most(field, n - 6), at_most(field, n - 2))
+        head_final = Mux(head_inside, at_most(length, n - 6), at_most(length, n - 2))
         head_end = plan_end("head", head_lrem, head_inside)
         # The next beat of this FPDU, after a beat that is not its last. Its marker, if any,
         # counts when it is not after the pad: lrem >= to_marker (then, n <= to_marker < 2n).
@@ -269,9 +270,11 @@ class FpduSplitter(wiring.Component):
                         ]
                         state.goto("DEAD")
                 with m.Else():
-                    m.d.sync += [length.eq(field), leading.eq(head_leading), sent.eq(0),
-                                 lrem.eq(head_lrem), final.eq(head_final), end.eq(head_end)]
-                    state.goto("BODY")
+                    m.d.sync += [length.eq(field), leading.eq(head_leading), sent.eq(0)]
+                    state.goto("PLAN")
+        with state.state("PLAN"):
+            m.d.sync += [lrem.eq(head_lrem), final.eq(head_final), end.eq(head_end)]
+            state.goto("BODY")
         with state.state("BODY"):
             with m.If(ready_body & out_free):
                 m.d.sync += [
@@ -298,7 +301,7 @@ class FpduSplitter(wiring.Component):
 
         # The buffer: the input beat goes behind what it holds (when there is room even if
         # nothing is sent), then what was sent is dropped (a beat, or up to a word boundary).
-        dead = wire(m, eq(state.reg, 2), "dead")
+        dead = wire(m, eq(state.reg, 3), "dead")
         room = wire(m, ~gt(have, size - n), "room")
         m.d.comb += self.i.ready.eq(room | dead)
         take = self.i.valid & room & ~dead
