@@ -39,6 +39,9 @@ Benchmarks so far:
   cycles from the first input beat to the last), goal 0.99, and the same for ULPDU bytes, for
   information; latency in cycles from the last input beat of one FPDU on an idle line to its
   last output beat.
+* The iWARP blocks at 8 bytes fitted alone like the CRC engine: the MPA framer and deframer and
+  the RDMAP Terminate emitter (LUT4, FF; Fmax against 156.25 MHz). The MPA + DDP + RDMAP core
+  will be fitted as one once it is assembled.
 """
 
 import json
@@ -88,21 +91,39 @@ FIT_TARGET_MHZ = 156.25
 FIT_SEED = 1
 
 
-def crc_fits():
-    """LUT4, FF and Fmax records of the CRC32c engine at 8 and 64 bytes fitted alone on
-    :data:`FIT_PART`; :class:`boards.build.BuildError` if yosys or nextpnr fails."""
+def _fit(component, name, label, config):
+    """LUT4, FF and Fmax records of ``component`` fitted alone on :data:`FIT_PART`;
+    :class:`boards.build.BuildError` if yosys or nextpnr fails."""
     from boards.fit import fit
+
+    report = fit(component, name, target_mhz=FIT_TARGET_MHZ, seed=FIT_SEED, **FIT_PART)
+    config = f"{config}, nextpnr seed {report['seed']}"
+    used = {kind: counts["used"] for kind, counts in report["utilisation"].items()}
+    yield record(f"{label} LUT4 (ECP5 85F)", config, used["LUT4"], "LUT4")
+    yield record(f"{label} FF (ECP5 85F)", config, used["FF"], "FF")
+    yield record(f"{label} Fmax (ECP5 85F, speed {FIT_PART['speed']})", config,
+                 report["clocks"]["clk"]["fmax_mhz"], "MHz", FIT_TARGET_MHZ)
+
+
+def crc_fits():
+    """The CRC32c engine at 8 and 64 bytes."""
     from iwarp_nic.crc import CRC32CEngine
 
     for width in (8, 64):
-        report = fit(CRC32CEngine(width), f"iwarp_crc32c_w{width}", target_mhz=FIT_TARGET_MHZ,
-                     seed=FIT_SEED, **FIT_PART)
-        config = f"{width} B/beat, nextpnr seed {report['seed']}"
-        used = {name: counts["used"] for name, counts in report["utilisation"].items()}
-        yield record("crc32c engine LUT4 (ECP5 85F)", config, used["LUT4"], "LUT4")
-        yield record("crc32c engine FF (ECP5 85F)", config, used["FF"], "FF")
-        yield record(f"crc32c engine Fmax (ECP5 85F, speed {FIT_PART['speed']})", config,
-                     report["clocks"]["clk"]["fmax_mhz"], "MHz", FIT_TARGET_MHZ)
+        yield from _fit(CRC32CEngine(width), f"iwarp_crc32c_w{width}", "crc32c engine",
+                        f"{width} B/beat")
+
+
+def iwarp_fits():
+    """The iWARP blocks at 8 bytes, each alone: the MPA framer and deframer, the Terminate
+    emitter."""
+    from iwarp_nic.mpa import FpduDeframer, FpduFramer
+    from iwarp_nic.rdmap import TerminateEmitter
+
+    for label, block in (("MPA framer", FpduFramer), ("MPA deframer", FpduDeframer),
+                         ("RDMAP Terminate emitter", TerminateEmitter)):
+        name = "iwarp_" + label.lower().replace(" ", "_") + "_w8"
+        yield from _fit(block(8), name, label, "8 B/beat")
 
 
 #: TCP bytes per full-size frame at MTU 1500 (RFC 9293 header, no options) and that frame's
@@ -304,7 +325,7 @@ def mpa_deframer():
                      one.stats["last_out_cycle"] - one.stats["last_in_cycle"], "cycles")
 
 
-BENCHMARKS = [crc_engines, crc_fits, tcp_goodput, tcp_latency, mpa_deframer]
+BENCHMARKS = [crc_engines, crc_fits, tcp_goodput, tcp_latency, mpa_deframer, iwarp_fits]
 
 
 def table(records):
