@@ -99,11 +99,12 @@ def simulate(n, stream, *, crc, markers, max_ulpdu, expect_packets, expect_event
         got["packets"] = await recv_packets(bus, port, expect_packets, n,
                                             rng=random.Random(seed + 2), stall=stall,
                                             timeout=5000)
-        while "source" not in done:
-            await ctx.tick()
-        # Whatever comes after: no complete packet may (a stream cut mid-FPDU leaves beats).
-        for _ in range(400):
-            ctx.set(dut.o.ready, 1)
+        # Whatever comes after, until the input is all taken and a while more: no complete
+        # packet may (a stream cut mid-FPDU leaves beats).
+        ctx.set(dut.o.ready, 1)
+        quiet = 0
+        while quiet < 400:
+            quiet = quiet + 1 if "source" in done else 0
             valid, last, err = (await ctx.tick().sample(dut.o.valid, dut.o.payload.last,
                                                         dut.o.payload.err))[2:]
             if valid and last:
@@ -206,6 +207,18 @@ def test_random_corruption(n):
                                  markers=markers)
         stream[rng.randrange(len(stream))] ^= rng.randrange(1, 256)
         check(n, stream, crc=crc, markers=markers, seed=trial)
+
+
+@pytest.mark.parametrize("n", [1, 8, 64])
+def test_garbage(n):
+    """Streams of random octets (random lengths, mostly oversize or failing their CRC): the
+    model's verdict, no hang; with a small ``max_ulpdu`` too."""
+    for trial in range(8):
+        rng = random.Random(9000 * n + trial)
+        crc, markers = bool(trial & 1), bool(trial & 2)
+        stream = rng.randbytes(rng.randint(1, 3000))
+        check(n, stream, crc=crc, markers=markers, max_ulpdu=rng.choice([0xFFFF, 600]),
+              seed=trial)
 
 
 def segments(rng):
