@@ -22,7 +22,7 @@ def tops():
     from .ip import IpStack
     from .mpa import FpduDeframer, FpduFramer
     from .node import IpNode, TcpNode
-    from .rdmap import TerminateEmitter
+    from .rdmap import TerminateEmitter, TerminateParser
     from .tcp.isn import IsnGenerator
     from .tcp.lookup import ConnLookup
     from .trim import HeadTrim
@@ -41,6 +41,7 @@ def tops():
         tops[f"iwarp_mpa_framer_w{n}"] = lambda n=n: FpduFramer(n)
         tops[f"iwarp_mpa_deframer_w{n}"] = lambda n=n: FpduDeframer(n)
         tops[f"iwarp_rdmap_terminate_w{n}"] = lambda n=n: TerminateEmitter(n)
+        tops[f"iwarp_rdmap_terminate_parser_w{n}"] = lambda n=n: TerminateParser(n)
     for n in (1, 8):
         tops[f"iwarp_mac_rx_cdc_w{n}"] = lambda n=n: MacRxCrossing(n)
         tops[f"iwarp_mac_tx_cdc_w{n}"] = lambda n=n: MacTxCrossing(n)

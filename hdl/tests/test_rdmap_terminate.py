@@ -1,11 +1,14 @@
 # amaranth: UnusedElaboratable=no
-"""TerminateEmitter against the model, bit-exact, at widths 1, 8 and 64.
+"""TerminateEmitter and TerminateParser against the model, bit-exact, at widths 1, 8 and 64.
 
 For every RFC 6580 code and offending segments of every kind (none, each RDMAP opcode tagged
 and untagged, Read Requests long enough for the R copy or not, segments shorter than their DDP
 header, a first octet with T set on an untagged opcode), the ULPDU must be the model's
 ``Segment(TERMINATE, msn=msn, header=Terminate.for_error(code, offending)).encode()`` and
-``o_length`` its length; random idles and stalls.
+``o_length`` its length; random idles and stalls. Every Terminate header the parser is given
+(well-formed ones of every flag combination, the same cut short or with octets after them,
+random octets) must decode to the model's ``Terminate.decode`` fields, or be ``bad`` where the
+model raises.
 """
 
 import random
@@ -13,14 +16,15 @@ import random
 import pytest
 from amaranth.back import verilog
 
+from iwarp_model.wire.errors import WireError
 from iwarp_model.wire.rdmap import Opcode, ReadRequest, Segment
 from iwarp_model.wire.terminate import ErrorCode, Terminate
-from iwarp_nic.rdmap import TerminateEmitter
+from iwarp_nic.rdmap import TerminateEmitter, TerminateParser
 from iwarp_nic.rdmap.terminate import OFFENDING_BYTES
 from iwarp_tb import toolchain
 from iwarp_tb.amsim import run
 from iwarp_tb.lint import lint
-from iwarp_tb.streams import AmaranthBus, StreamPort, recv, recv_packets, send
+from iwarp_tb.streams import AmaranthBus, StreamPort, recv, recv_packets, send, send_packets
 from iwarp_tb.tshark import decode, fields
 
 IDLE = STALL = 0.3
@@ -152,4 +156,92 @@ def test_lint(n, tmp_path):
     toolchain.setup()
     path = tmp_path / "terminate.v"
     path.write_text(verilog.convert(TerminateEmitter(n), name="terminate"))
+    assert lint(path) == ""
+
+
+def terminate_headers(rng):
+    """Terminate headers to decode: the emitter's cases, random well-formed ones with every
+    combination of M, D (tagged or untagged copy, a Read Request's or not) and R, then each
+    of them cut short or with octets after it, and random octets."""
+    good = [expected(*item)[18:] for item in cases(rng)[::7]]
+    for _ in range(60):
+        copy = b""
+        if rng.random() < 0.6:
+            tagged = rng.random() < 0.5
+            copy = bytes([0xC1 if tagged else 0x41, 0x41 if rng.random() < 0.5 else 0x43])
+            copy += rng.randbytes((14 if tagged else 18) - 2)
+        rdma = rng.randbytes(28) if rng.random() < 0.5 else b""
+        good.append(Terminate(rng.randrange(16), rng.randrange(16), rng.randrange(256),
+                              rng.randrange(1 << 16) if rng.random() < 0.7 else None,
+                              copy, rdma if not copy or copy[1] & 0xF == 1 else b"").encode())
+    out = list(good)
+    for header in good[:40]:
+        out.append(header[:rng.randrange(len(header))])
+        out.append(header + rng.randbytes(rng.randint(1, 30)))
+    out += [rng.randbytes(rng.randint(0, 60)) for _ in range(40)]
+    out += [bytes([0, 0, flags, 0]) + rng.randbytes(k) for flags in (0x80, 0x40, 0x20, 0xE0)
+            for k in (0, 1, 2, 5, 20, 24, 48)]
+    return out
+
+
+def decoded(header):
+    """The model's reading of ``header``: the DUT's fields, or None where it raises."""
+    try:
+        t = Terminate.decode(header)
+    except WireError:
+        return None
+    return {"layer": t.layer, "etype": t.etype, "ecode": t.ecode,
+            "m": int(t.ddp_segment_length is not None),
+            "segment_length": t.ddp_segment_length or 0, "ddp_header": t.ddp_header,
+            "rdma_header": t.rdma_header}
+
+
+def parse(n, headers, *, seed, idle=IDLE, stall=STALL):
+    dut = TerminateParser(n)
+    got = {}
+
+    async def lengths(ctx):
+        await send(AmaranthBus(ctx), StreamPort.amaranth(dut.i_length),
+                   [{"data": len(h)} for h in headers], rng=random.Random(seed), idle=idle)
+
+    async def octets(ctx):
+        await send_packets(AmaranthBus(ctx), StreamPort.amaranth(dut.i),
+                           [h for h in headers if h], n, rng=random.Random(seed + 1), idle=idle)
+
+    async def results(ctx):
+        got["out"] = await recv(AmaranthBus(ctx), StreamPort.amaranth(dut.o), len(headers),
+                                rng=random.Random(seed + 2), stall=stall)
+
+    run(dut, lengths, octets, results, name=f"rdmap_terminate_parser_w{n}")
+    return got["out"]
+
+
+@pytest.mark.parametrize("n", [1, 8, 64])
+def test_parser_against_model(n):
+    """Each Terminate header decoded as the model's ``Terminate.decode`` does, or ``bad``
+    where it raises (truncated, trailing octets)."""
+    headers = terminate_headers(random.Random(n))
+    outputs = parse(n, headers, seed=n)
+    assert len(outputs) == len(headers)
+    verdicts = []
+    for header, out in zip(headers, outputs):
+        want = decoded(header)
+        verdicts.append(want is None)
+        assert out["bad"] == (want is None), header.hex()
+        if want is None:
+            continue
+        ddp = out["ddp_header"].to_bytes(18, "little")[:out["ddp_size"]]
+        rdma = out["rdma_header"].to_bytes(28, "little") if out["rdma"] else b""
+        got = {"layer": out["layer"], "etype": out["etype"], "ecode": out["ecode"],
+               "m": out["m"], "segment_length": out["segment_length"] if out["m"] else 0,
+               "ddp_header": ddp, "rdma_header": rdma}
+        assert got == want, header.hex()
+    assert 50 < sum(verdicts) < len(verdicts) - 50      # both kinds, plenty of each
+
+
+@pytest.mark.parametrize("n", [1, 8, 64])
+def test_parser_lint(n, tmp_path):
+    toolchain.setup()
+    path = tmp_path / "terminate_parser.v"
+    path.write_text(verilog.convert(TerminateParser(n), name="terminate_parser"))
     assert lint(path) == ""

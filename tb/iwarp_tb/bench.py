@@ -40,8 +40,8 @@ Benchmarks so far:
   information; latency in cycles from the last input beat of one FPDU on an idle line to its
   last output beat.
 * The iWARP blocks at 8 bytes fitted alone like the CRC engine: the MPA framer and deframer and
-  the RDMAP Terminate emitter (LUT4, FF; Fmax against 156.25 MHz). The MPA + DDP + RDMAP core
-  will be fitted as one once it is assembled.
+  the RDMAP Terminate emitter and parser (LUT4, FF; Fmax against 156.25 MHz). The MPA + DDP +
+  RDMAP core will be fitted as one once it is assembled.
 """
 
 import json
@@ -116,12 +116,13 @@ def crc_fits():
 
 def iwarp_fits():
     """The iWARP blocks at 8 bytes, each alone: the MPA framer and deframer, the Terminate
-    emitter."""
+    emitter and parser."""
     from iwarp_nic.mpa import FpduDeframer, FpduFramer
-    from iwarp_nic.rdmap import TerminateEmitter
+    from iwarp_nic.rdmap import TerminateEmitter, TerminateParser
 
     for label, block in (("MPA framer", FpduFramer), ("MPA deframer", FpduDeframer),
-                         ("RDMAP Terminate emitter", TerminateEmitter)):
+                         ("RDMAP Terminate emitter", TerminateEmitter),
+                         ("RDMAP Terminate parser", TerminateParser)):
         name = "iwarp_" + label.lower().replace(" ", "_") + "_w8"
         yield from _fit(block(8), name, label, "8 B/beat")
 

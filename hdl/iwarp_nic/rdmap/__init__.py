@@ -1,5 +1,5 @@
-"""RDMAP (RFC 5040, RFC 7306): the Terminate message."""
+"""RDMAP (RFC 5040, RFC 7306): the Terminate message, sent and received."""
 
-from .terminate import TerminateEmitter, TerminateRequest
+from .terminate import TerminateEmitter, TerminateHeader, TerminateParser, TerminateRequest
 
-__all__ = ["TerminateEmitter", "TerminateRequest"]
+__all__ = ["TerminateEmitter", "TerminateRequest", "TerminateParser", "TerminateHeader"]

@@ -1,5 +1,6 @@
-"""The Terminate message, transmit side: RFC 5040 sections 4.8 and 7 (figures 7, 8 and 10) with
-the error codes of RFC 6580 section 3.
+"""The Terminate message: RFC 5040 sections 4.8 and 7 (figures 7, 8 and 10) with the error codes
+of RFC 6580 section 3; built for sending (:class:`TerminateEmitter`) and decoded on receipt
+(:class:`TerminateParser`).
 
 A Terminate is an untagged DDP segment on queue 2 (RFC 5040 4.8, 5.1): the DDP header (T 0,
 L 1, DV 1; RDMAP control RV 1, opcode 7; QN 2, the queue's next MSN, MO 0) and the Terminate
@@ -15,10 +16,11 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.data import StructLayout
 from amaranth.lib.wiring import In, Out
 
-from ..exact import eq, gt, is_zero, lt, mask, select, sub, wire
+from ..exact import add, eq, gt, is_zero, lt, mask, select, sub, widened, wire
 from ..stream import BeatStream, check_data_bytes
 
-__all__ = ["OFFENDING_BYTES", "TerminateRequest", "TerminateEmitter"]
+__all__ = ["OFFENDING_BYTES", "TerminateRequest", "TerminateEmitter", "TerminateHeader",
+           "TerminateParser"]
 
 _UNTAGGED, _TAGGED, _READ_REQUEST = 18, 14, 28
 #: Octets of the offending segment a Terminate may copy: an untagged DDP header and a Read
@@ -125,4 +127,130 @@ class TerminateEmitter(wiring.Component):
         with m.If(take):
             m.d.sync += [held.eq(ulpdu), left.eq(total),
                          self.o_length.valid.eq(1), self.o_length.payload.eq(total)]
+        return m
+
+
+#: Octets of a Terminate header that carry fields: control, segment length and both copies.
+_PARSED = 4 + 2 + _UNTAGGED + _READ_REQUEST
+
+#: One received Terminate header, decoded (RFC 5040 4.8). ``m``: the DDP segment length
+#: ``segment_length`` is valid. ``ddp_size``: octets of the terminated DDP header copy in
+#: ``ddp_header`` (0, 14 or 18), lane 0 first; ``rdma``: ``rdma_header`` holds the 28-octet Read
+#: Request copy. ``bad``: the header is malformed (truncated, or octets after its last part),
+#: which the receiver treats as an RDMAP Local Catastrophic error; the fields are then
+#: meaningless.
+TerminateHeader = StructLayout({
+    "layer": 4, "etype": 4, "ecode": 8, "m": 1, "segment_length": 16,
+    "ddp_size": 5, "ddp_header": 8 * _UNTAGGED, "rdma": 1, "rdma_header": 8 * _READ_REQUEST,
+    "bad": 1,
+})
+
+
+class TerminateParser(wiring.Component):
+    """Decode the Terminate header of a received Terminate message (RFC 5040 4.8, figure 7).
+
+    Ports
+    -----
+    i_length : In(stream.Signature(unsigned(16)))
+        One per Terminate: the octets of its header, the DDP segment's payload (0 or more).
+    i : In(BeatStream(data_bytes))
+        For each length above 0, that many octets as one packet.
+    o : Out(stream.Signature(TerminateHeader))
+        One per Terminate, offered the cycle after its last octet is taken (after its length,
+        for 0 octets): what the model's ``Terminate.decode`` returns, or ``bad`` where it raises.
+
+    The decoding follows the header's own flags: the segment length field is there when M or D
+    is set, the DDP header copy when D is (14 or 18 octets as the copy's T bit says), the Read
+    Request copy when R is and the DDP copy is absent or an untagged RDMA Read Request's; any
+    octet missing or left over makes the header ``bad``. Only the first 52 octets are kept.
+
+    Throughput: one beat per cycle; a header of 0 octets takes a cycle. Back-pressure on ``o``
+    stalls ``i``.
+    """
+
+    def __init__(self, data_bytes):
+        self.data_bytes = check_data_bytes(data_bytes)
+        super().__init__({
+            "i_length": In(stream.Signature(unsigned(16))),
+            "i": In(BeatStream(data_bytes)),
+            "o": Out(stream.Signature(TerminateHeader)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self.data_bytes
+        beats = -(-_PARSED // n)
+        held = Signal(8 * beats * n)        # the header's first octets, lane 0 first
+        length = Signal(16)
+        index = Signal(range(beats + 1))    # beats taken, up to the last one kept
+        busy = Signal()
+        out = self.o
+
+        def octet(k):
+            return held[8 * k:8 * k + 8]
+
+        flags = octet(2)
+        has_m, has_d, has_r = flags[7], flags[6], flags[5]
+        has_length = has_m | has_d
+        tagged_copy = octet(6)[7]
+        ddp_size = wire(m, Mux(has_d, Mux(tagged_copy, _TAGGED, _UNTAGGED), 0), "ddp_size")
+        read_copy = ~tagged_copy & eq(octet(7)[:4], _READ_REQUEST_OPCODE)
+        rdma = wire(m, has_r & (~has_d | read_copy), "rdma")
+        # Where each part ends: control, segment length, DDP copy, RDMA copy.
+        after_length = Mux(has_length, 6, 4)
+        after_ddp = widened(m, Mux(has_d, Mux(tagged_copy, 6 + _TAGGED, 6 + _UNTAGGED),
+                                   after_length), 7, "after_ddp")
+        total = wire(m, Mux(rdma, add(after_ddp, _READ_REQUEST), after_ddp), "total")
+        rdma_at = select(m, after_ddp, {4: held[32:32 + 8 * _READ_REQUEST],
+                                        6: held[48:48 + 8 * _READ_REQUEST],
+                                        6 + _TAGGED: held[8 * 20:8 * 20 + 8 * _READ_REQUEST],
+                                        6 + _UNTAGGED: held[8 * 24:8 * 24 + 8 * _READ_REQUEST]},
+                         8 * _READ_REQUEST, "rdma_at")
+        short_control = lt(length, 4)
+        bad = wire(m, short_control | (length != widened(m, total, 16, "total_wide")), "bad")
+
+        with m.If(out.ready):
+            m.d.sync += out.valid.eq(0)
+
+        def emit():
+            m.d.sync += [
+                out.valid.eq(1),
+                out.payload.layer.eq(octet(0)[4:]), out.payload.etype.eq(octet(0)[:4]),
+                out.payload.ecode.eq(octet(1)), out.payload.m.eq(has_m),
+                out.payload.segment_length.eq(Cat(octet(5), octet(4))),
+                out.payload.ddp_size.eq(ddp_size),
+                out.payload.ddp_header.eq(held[48:48 + 8 * _UNTAGGED]),
+                out.payload.rdma.eq(rdma), out.payload.rdma_header.eq(rdma_at),
+                out.payload.bad.eq(bad),
+            ]
+
+        out_free = ~out.valid | out.ready
+        # The header is complete when its last beat went in (or it has no octet at all).
+        m.d.comb += self.i_length.ready.eq(~busy)
+        with m.If(self.i_length.valid & ~busy):
+            m.d.sync += [busy.eq(1), length.eq(self.i_length.payload), index.eq(0),
+                         held.eq(0)]
+        done = Signal()
+        pending = Signal()                  # decode `held` (complete) into `o` this cycle
+        with m.If(busy & ~pending & out_free):
+            with m.If(is_zero(length)):
+                m.d.comb += done.eq(1)
+            with m.Else():
+                m.d.comb += self.i.ready.eq(1)
+                with m.If(self.i.valid):
+                    for k in range(beats):
+                        with m.If(eq(index, k)):
+                            m.d.sync += held[8 * n * k:8 * n * (k + 1)].eq(
+                                self.i.payload.data & Cat(self.i.payload.keep[j].replicate(8)
+                                                          for j in range(n)))
+                    with m.If(lt(index, beats)):
+                        m.d.sync += index.eq(add(index, 1))
+                    with m.If(self.i.payload.last):
+                        m.d.comb += done.eq(1)
+        # The decode reads `held` a cycle after the last beat is stored.
+        with m.If(done):
+            m.d.sync += [pending.eq(1)]
+        with m.If(pending):
+            emit()
+            m.d.sync += [pending.eq(0), busy.eq(0)]
         return m
