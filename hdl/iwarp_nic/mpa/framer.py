@@ -120,6 +120,8 @@ class UlpduFit(wiring.Component):
         busy = Signal()      # an FPDU's payload is being sent
         rem = Signal(17)     # bytes of the padded payload still to send
         real = Signal(16)    # bytes still expected from `i`
+        real_zero = Signal(init=1)   # real == 0, kept beside it (timing)
+        real_more = Signal()         # real > data_bytes, likewise
         open_ = Signal()     # `i` has not ended the FPDU's packet yet
         drain = Signal()     # dropping the rest of a packet that was too long
         bad = Signal()
@@ -127,8 +129,8 @@ class UlpduFit(wiring.Component):
         out_free = ~out.valid | out.ready
         expected = _keep_of(m, real, n, n, "expected")
         final = wire(m, ~gt(rem, n), "final")
-        more = wire(m, gt(real, n), "more")
-        from_input = wire(m, open_ & ~is_zero(real), "from_input")
+        more = real_more
+        from_input = wire(m, open_ & ~real_zero, "from_input")
         good = Mux(beat.last, (beat.keep == expected) & ~more, more)
         err = wire(m, bad | (from_input & ~good), "err")
         open_after = wire(m, Mux(from_input, ~beat.last, open_), "open_after")
@@ -162,7 +164,8 @@ class UlpduFit(wiring.Component):
                 open_.eq(open_after),
             ]
             with m.If(from_input):
-                m.d.sync += real.eq(Mux(more, sub(real, n), 0))
+                m.d.sync += [real.eq(Mux(more, sub(real, n), 0)), real_zero.eq(~more),
+                             real_more.eq(more & gt(real, 2 * n))]
             with m.If(final):
                 m.d.sync += [busy.eq(0), drain.eq(open_after)]
         with m.If(drain & self.i.valid & beat.last):
@@ -174,7 +177,8 @@ class UlpduFit(wiring.Component):
         with m.If(self.i_length.valid & self.i_length.ready):
             m.d.sync += [
                 busy.eq(1), rem.eq(padded_length),
-                real.eq(length), open_.eq(~is_zero(length)), bad.eq(0),
+                real.eq(length), real_zero.eq(is_zero(length)), real_more.eq(gt(length, n)),
+                open_.eq(~is_zero(length)), bad.eq(0),
                 hdr.valid.eq(1), hdr.payload.fields.ulpdu_length.eq(length),
                 hdr.payload.has_payload.eq(1),
             ]
@@ -228,6 +232,9 @@ class MarkerInserter(wiring.Component):
         mk = Signal()        # this FPDU has markers
         crc = Signal()
         dist = Signal(9)     # bytes from the next output beat's first byte to the next marker
+        # dist < data_bytes and dist == data_bytes, kept beside it (timing; wide beats only).
+        near = Signal()
+        next_to = Signal()
         ptr = Signal(16)     # FPDUPTR of the next marker but a leading one
         lead = Signal()      # the next marker is the leading one (FPDUPTR 0)
         flush = Signal()     # the input packet has ended; a last beat is still to be sent
@@ -250,10 +257,12 @@ class MarkerInserter(wiring.Component):
         if n < 4:
             self._narrow(m, active & out_free, dist, mk, flush, bad, marker, send, done, marked)
         else:
-            self._wide(m, active & out_free, dist, mk, flush, bad, marker, send, done, marked)
+            self._wide(m, active & out_free, dist, near, next_to, mk, flush, bad, marker, send,
+                       done, marked)
 
         with m.If(emit):
-            m.d.sync += dist.eq(sub(dist, n))
+            m.d.sync += [dist.eq(sub(dist, n)), near.eq(~lt(dist, n) & lt(dist, 2 * n)),
+                         next_to.eq(eq(dist, 2 * n % MARKER_INTERVAL))]
         with m.If(marked):
             m.d.sync += [ptr.eq(add(ptr, MARKER_INTERVAL)), lead.eq(0)]
         with m.If(done):
@@ -267,6 +276,7 @@ class MarkerInserter(wiring.Component):
             leading = hdr.markers & is_zero(hdr.position[2:])
             m.d.sync += [
                 active.eq(1), mk.eq(hdr.markers), crc.eq(hdr.crc), dist.eq(to_marker),
+                near.eq(lt(to_marker, n)), next_to.eq(eq(to_marker, n)),
                 # A leading marker's successor is 508 bytes past the header: start at -4.
                 ptr.eq(Cat(C(0, 2), to_marker[2:] | leading.replicate(7),
                            leading.replicate(7))),
@@ -300,7 +310,7 @@ class MarkerInserter(wiring.Component):
                     with m.Else():
                         m.d.comb += done.eq(1)
 
-    def _wide(self, m, go, dist, mk, flush, bad, marker, send, done, marked):
+    def _wide(self, m, go, dist, near, next_to, mk, flush, bad, marker, send, done, marked):
         """4 bytes per beat or more: ``u`` words per beat, a marker in one word lane."""
         n = self.data_bytes
         u = n // 4
@@ -311,7 +321,7 @@ class MarkerInserter(wiring.Component):
 
         in_w = [beat.data.word_select(q, 32) for q in range(u)]
         count = select(m, beat.keep, {mask(4 * w): w for w in range(1, u + 1)}, wb, "in_words")
-        here = wire(m, mk & lt(dist, n), "here")  # a marker starts in this beat, in `lane`
+        here = wire(m, mk & near, "here")    # a marker starts in this beat, in `lane`
         lane = dist[2:2 + wb]                # (only meaningful when `here`)
         if u > 1:
             # The input beat rotated by `held` words: word q is input word (q - held) mod u.
@@ -336,7 +346,7 @@ class MarkerInserter(wiring.Component):
 
         # Words available for this beat: the carried ones, and the input beat's unless flushing.
         avail = wrap_add(m, held, count & ~flush.replicate(wb), wb, "avail")
-        follows = mk & eq(dist, n)           # a marker starts right after this beat
+        follows = mk & next_to               # a marker starts right after this beat
         ends = wire(m, Mux(here, lt(avail, u), lt(avail, u) | (eq(avail, u) & ~follows)), "ends")
         included = wire(m, here & (lane <= avail), "included")  # on a last beat: before the end
         covered = wrap_add(m, avail, included, wb, "covered")
@@ -494,11 +504,11 @@ class FpduFramer(wiring.Component):
     (and, once the small header queues are full, ``i_header``); nothing is lost.
 
     Latency, measured (``test_latency``) from the cycle an idle framer takes a header, its
-    payload offered from then on, to the first beat offered on ``o``: 10 cycles at 1, 8 and 64
-    bytes per beat; 7 at 1 byte when the FPDU starts with a marker; when everything before
-    the CRC fits one beat, that beat waits for the CRC: 14 cycles at 8 bytes, 17 at 64. (A
-    register slice between the header emitter and the marker inserter costs one of them and
-    keeps the ready chain of the three first stages out of one combinational path.)
+    payload offered from then on, to the first beat offered on ``o``: 10 cycles at 1 byte per
+    beat, 11 at 8 and 64; 7 at 1 byte when the FPDU starts with a marker; when everything
+    before the CRC fits one beat, that beat waits for the CRC: 15 cycles at 8 bytes, 18 at 64.
+    (Register slices before and after the header emitter cost two of them and keep the ready
+    chain of the first three stages out of one combinational path.)
 
     FPDUPTR is 16 bits wide: see :class:`MarkerInserter` for the one case where it wraps.
     """
@@ -521,7 +531,9 @@ class FpduFramer(wiring.Component):
         m.submodules.appender = appender = CrcAppender(n)
         wiring.connect(m, wiring.flipped(self.i_payload), fit.i)
         wiring.connect(m, fit.o_header, emitter.i_header)
-        wiring.connect(m, fit.o, emitter.i_payload)
+        m.submodules.fit_slice = fit_slice = SkidBuffer(BeatLayout(n, err=True))
+        wiring.connect(m, fit.o, fit_slice.i)
+        wiring.connect(m, fit_slice.o, emitter.i_payload)
         # A register slice: the ready chain through the inserter, the emitter and the fit would
         # otherwise be one combinational path.
         m.submodules.slice = slice_ = SkidBuffer(BeatLayout(n, err=True))
