@@ -107,6 +107,11 @@ def _check_core(data_bytes):
     return data_bytes
 
 
+def _at_most(value, bound):
+    """``value <= bound`` for a constant ``bound`` (never, below 0)."""
+    return ~gt(value, bound) if bound >= 0 else C(0, 1)
+
+
 def _count_of(m, keep, data_bytes, name):
     """The number of lanes of a contiguous ``keep`` from lane 0."""
     return select(m, keep, {mask(k): k for k in range(data_bytes + 1)},
@@ -182,9 +187,6 @@ class FpduSplitter(wiring.Component):
             """ULPDU_Length field, ULPDU and pad: ``(field + 5) & ~3`` octets."""
             return Cat(C(0, 2), add(widened(m, field, 17, "field_wide"), 5)[2:])
 
-        def at_most(value, bound):
-            return ~gt(value, bound) if bound >= 0 else C(0, 1)
-
         def plan_end(name, lrem_v, inside):
             """``end`` of a head beat that is the FPDU's last: the octets before its CRC field
             (``lrem_v``, plus the marker ``inside`` them), plus the CRC field."""
@@ -211,7 +213,7 @@ class FpduSplitter(wiring.Component):
         head_lrem = wire(m, logical(length), "head_lrem")
         head_inside = wire(m, marker_here & (widened(m, head_lrem[:ew], 9, "head_low")
                                              >= to_marker), "head_inside")
-        head_final = Mux(head_inside, at_most(length, n - 6), at_most(length, n - 2))
+        head_final = Mux(head_inside, _at_most(length, n - 6), _at_most(length, n - 2))
         head_end = plan_end("head", head_lrem, head_inside)
         # The next beat of this FPDU, after a beat that is not its last. Its marker, if any,
         # counts when it is not after the pad: lrem >= to_marker (then, n <= to_marker < 2n).
@@ -220,20 +222,24 @@ class FpduSplitter(wiring.Component):
         body_inside = wire(m, self.markers & ~marker_here & lt(to_marker, 2 * n)
                            & (lrem >= widened(m, to_marker, 17, "to_marker_wide")),
                            "body_inside")
-        body_final = wire(m, Mux(marker_here | body_inside, at_most(lrem, 2 * n - _MARKER),
-                                 at_most(lrem, 2 * n)), "body_final")
+        body_final = wire(m, Mux(marker_here | body_inside, _at_most(lrem, 2 * n - _MARKER),
+                                 _at_most(lrem, 2 * n)), "body_final")
         body_end = plan_end("body", body_lrem, body_inside)
-        # The first beat of the next FPDU, read as this one's last beat goes.
+        # The first beat of the next FPDU, read as this one's last beat goes: worked out for
+        # each word where it may start (after `end` octets), then chosen by `end`.
         next_to_marker = wrap_sub(m, to_marker, end, 9, "next_to_marker")
-        next_window = select(m, end[2:], {k: buf[32 * k:32 * k + 48]
-                                          for k in range(2, n // 4 + 2)}, 48, "next_window")
-        next_leading = wire(m, self.markers & (to_marker == widened(m, end, 9, "end_offset")),
-                            "next_leading")
-        next_field, next_present, next_oversize = header(
-            "next", next_window, wrap_sub(m, have, end, have_w, "next_avail"), next_leading)
-        next_lrem = wire(m, logical(next_field), "next_lrem")
-        # Its first beat cannot be its last (then HEAD plans a short FPDU's first beat).
-        next_long = wire(m, next_present & ~next_oversize & gt(next_field, n - 2), "next_long")
+        choices = {}
+        for k in range(2, n // 4 + 2):
+            lead_k = wire(m, self.markers & eq(to_marker, 4 * k), f"next{k}_leading")
+            field_k, present_k, oversize_k = header(
+                f"next{k}", buf[32 * k:32 * k + 48], wrap_sub(m, have, 4 * k, have_w,
+                                                            f"next{k}_avail"), lead_k)
+            # Its first beat cannot be its last (then HEAD plans a short FPDU's first beat).
+            long_k = present_k & ~oversize_k & gt(field_k, n - 2)
+            choices[k] = Cat(field_k, logical(field_k), lead_k, long_k)
+        choice = select(m, end[2:], choices, 16 + 17 + 2, "next_choice")
+        next_field, next_lrem = choice[:16], choice[16:33]
+        next_leading, next_long = choice[33], choice[34]
 
         # The head beat's marker, if it is inside the FPDU (before its CRC field), and the
         # FPDUPTR it must hold: its distance from the ULPDU_Length field, 0 if leading.
@@ -302,7 +308,7 @@ class FpduSplitter(wiring.Component):
         # The buffer: the input beat goes behind what it holds (when there is room even if
         # nothing is sent), then what was sent is dropped (a beat, or up to a word boundary).
         dead = wire(m, eq(state.reg, 3), "dead")
-        room = wire(m, ~gt(have, size - n), "room")
+        room = Signal(init=1)       # have <= size - n, kept beside `have` (timing)
         m.d.comb += self.i.ready.eq(room | dead)
         take = self.i.valid & room & ~dead
         count = _count_of(m, beat.keep, n, "in_count")
@@ -315,12 +321,13 @@ class FpduSplitter(wiring.Component):
         past_end = select(m, end[2:], {k: joined[32 * k:] for k in range(2, n // 4 + 2)},
                           8 * size, "past_end")
         with_input = wrap_add(m, have, Mux(take, count, 0), have_w, "with_input")
+        have_next = wrap_sub(m, with_input, consumed, have_w, "have_next")
         m.d.sync += [
             buf.eq(Mux(drop_end, past_end, Mux(drop_beat, joined[8 * n:], joined))),
-            have.eq(wrap_sub(m, with_input, consumed, have_w, "have_next")),
+            have.eq(have_next), room.eq(~gt(have_next, size - n)),
         ]
         with m.If(dead):
-            m.d.sync += [buf.eq(0), have.eq(0)]
+            m.d.sync += [buf.eq(0), have.eq(0), room.eq(1)]
         return m
 
 
@@ -418,6 +425,7 @@ class MarkerRemover(wiring.Component):
         first = Signal(init=1)           # the next input beat starts a packet
         bad_r = Signal()                 # a marker of this packet was bad
         out_left = Signal(17)            # octets of ULPDU_Length and ULPDU still to send
+        few_left = Signal()              # out_left <= data_bytes, kept beside it (timing)
         held = Signal(wb)                # words waiting in `carry`
         carry = Signal(32 * u)
         flush = Signal()                 # a packet's input has ended; its last beat waits
@@ -457,7 +465,10 @@ class MarkerRemover(wiring.Component):
         fills = wire(m, ~lt(total, u), "fills")
         left_keep = select(m, left[:n.bit_length()], {k: mask(k) for k in range(1, n + 1)}, n,
                            "left_keep")
-        ends = wire(m, ~gt(left, n), "ends")      # what is left fits this output beat
+        # What is left fits this output beat; and it will the next, after this one is sent.
+        ends = wire(m, Mux(first, _at_most(beat.length, n - _LENGTH), few_left), "ends")
+        ends_next = wire(m, Mux(first, _at_most(beat.length, 2 * n - _LENGTH),
+                                _at_most(out_left, 2 * n)), "ends_next")
 
         out_free = ~out.valid | out.ready
         with m.If(out.ready):
@@ -479,7 +490,7 @@ class MarkerRemover(wiring.Component):
             m.d.comb += self.i.ready.eq(1)
             m.d.sync += [
                 first.eq(beat.last), bad_r.eq(bad | wrong), crc_bad_r.eq(beat.crc_bad),
-                out_left.eq(left),
+                out_left.eq(left), few_left.eq(ends),
                 carry.eq(y), held.eq(total),
             ]
 
@@ -503,7 +514,8 @@ class MarkerRemover(wiring.Component):
                     # the rest follows alone).
                     send(y, 0, left_keep, 0, 0)
                     m.d.sync += [carry.eq(y_rest), held.eq(sub(total, u)),
-                                 out_left.eq(sub(left, n)), flush.eq(beat.last)]
+                                 out_left.eq(sub(left, n)), few_left.eq(ends_next),
+                                 flush.eq(beat.last)]
                 with m.Elif(beat.last):
                     send(y, 1, left_keep, beat.crc_bad, bad | wrong)
                     m.d.sync += held.eq(0)
