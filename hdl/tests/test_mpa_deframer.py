@@ -112,10 +112,12 @@ def simulate(n, stream, *, crc, markers, max_ulpdu, expect_packets, expect_event
         done.append("sink")
 
     async def events(ctx):
-        ctx.set(dut.o_error.ready, 1)
+        stalls = random.Random(seed + 3)
         while "sink" not in done:
+            ready = stalls.random() >= stall
+            ctx.set(dut.o_error.ready, ready)
             valid, kind = (await ctx.tick().sample(dut.o_error.valid, dut.o_error.payload))[2:]
-            if valid:
+            if valid and ready:
                 got["events"].append(ErrorKind(kind))
 
     run(dut, source, sink, events, name=f"mpa_deframer_w{n}")
