@@ -8,7 +8,12 @@ Each header is described once, as a table of fields in the order of the RFC's di
 * TCP: RFC 9293 section 3.1, whose control bits are CWR, ECE, URG, ACK, PSH, RST, SYN, FIN from
   the MSB of byte 13 (a single ``flags`` field here); the 20-byte header without options;
 * ARP: RFC 826 "Packet format", for Ethernet hardware and IPv4 protocol addresses (28 bytes);
-* ICMP echo: RFC 792 "Echo or Echo Reply Message", the 8 bytes before the echoed data.
+* ICMP echo: RFC 792 "Echo or Echo Reply Message", the 8 bytes before the echoed data;
+* DDP tagged and untagged headers, RFC 5041 sections 4.2 and 4.3, with the RDMAP control field
+  of RFC 5040 section 4.1 in their first RsvdULP octet and, untagged, the Invalidate STag in the
+  other 32 bits (RFC 5040 4.3); the reserved bits are gaps (sent as zero, not checked);
+* the RDMAP headers that follow an untagged DDP header: Read Request (RFC 5040 4.4), Atomic
+  Request and Atomic Response (RFC 7306 5.2.1 and 5.2.2, figure 6's 12-byte response).
 
 A :class:`Field` is placed as in the RFC diagrams: ``offset`` is the byte offset in the header,
 ``bit`` the bit within that byte counted from the most significant one (bit 0 is the first on the
@@ -25,7 +30,8 @@ from typing import NamedTuple
 from amaranth import Cat, Const, Value
 from amaranth.lib import data
 
-__all__ = ["Field", "Gap", "HeaderFormat", "ETHERNET", "IPV4", "TCP", "ARP", "ICMP_ECHO"]
+__all__ = ["Field", "Gap", "HeaderFormat", "ETHERNET", "IPV4", "TCP", "ARP", "ICMP_ECHO",
+           "DDP_TAGGED", "DDP_UNTAGGED", "READ_REQUEST", "ATOMIC_REQUEST", "ATOMIC_RESPONSE"]
 
 
 class Field(NamedTuple):
@@ -180,4 +186,45 @@ ICMP_ECHO = HeaderFormat("icmp_echo", [
     Field("checksum", 2, 0, 16),
     Field("identifier", 4, 0, 16),
     Field("sequence", 6, 0, 16),
+])
+
+# DDP control (T, L, Rsvd, DV) and RDMAP control (RV, Rsv, Opcode): the first two octets of both.
+_CONTROL = [Field("t", 0, 0, 1), Field("l", 0, 1, 1), Field("dv", 0, 6, 2),
+            Field("rv", 1, 0, 2), Field("opcode", 1, 4, 4)]
+_CONTROL_GAPS = [Gap(0, 2, 4), Gap(1, 2, 2)]
+
+DDP_TAGGED = HeaderFormat("ddp_tagged", _CONTROL + [
+    Field("stag", 2, 0, 32),
+    Field("to", 6, 0, 64),
+], gaps=_CONTROL_GAPS)
+
+DDP_UNTAGGED = HeaderFormat("ddp_untagged", _CONTROL + [
+    Field("inv_stag", 2, 0, 32),
+    Field("qn", 6, 0, 32),
+    Field("msn", 10, 0, 32),
+    Field("mo", 14, 0, 32),
+], gaps=_CONTROL_GAPS)
+
+READ_REQUEST = HeaderFormat("read_request", [
+    Field("sink_stag", 0, 0, 32),
+    Field("sink_to", 4, 0, 64),
+    Field("size", 12, 0, 32),
+    Field("src_stag", 16, 0, 32),
+    Field("src_to", 20, 0, 64),
+])
+
+ATOMIC_REQUEST = HeaderFormat("atomic_request", [
+    Field("aopcode", 3, 4, 4),
+    Field("request_id", 4, 0, 32),
+    Field("stag", 8, 0, 32),
+    Field("to", 12, 0, 64),
+    Field("add_swap_data", 20, 0, 64),
+    Field("add_swap_mask", 28, 0, 64),
+    Field("compare_data", 36, 0, 64),
+    Field("compare_mask", 44, 0, 64),
+], gaps=[Gap(0, 0, 28)])
+
+ATOMIC_RESPONSE = HeaderFormat("atomic_response", [
+    Field("request_id", 0, 0, 32),
+    Field("value", 4, 0, 64),
 ])
