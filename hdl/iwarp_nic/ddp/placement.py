@@ -106,9 +106,9 @@ class WritePlacer(wiring.Component):
 
     A zero-length Write places nothing and is not looked up (the model returns early too).
 
-    Throughput: a segment's header is decided while the payload of the one before is still
-    going out (a decision queue of three; two would give zero-width pointers in the Verilog), so placement runs at one payload beat per cycle for
-    segments longer than the decision's few cycles plus the table's latency. Latency: the
+    Throughput: a segment's header is decided while the payloads of the ones before are still
+    going out (a queue of three decisions), so placement runs at one payload beat per cycle
+    for segments longer than the decision's few cycles plus the table's latency. Latency: the
     placement request is offered three cycles after the lookup result arrives, two after the
     header for other segments. Back-pressure on any output holds the stages behind it; the
     FIFO then stalls ``i_payload``. A payload packet longer than ``fifo_beats`` would never
