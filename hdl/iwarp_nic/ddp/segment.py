@@ -156,6 +156,8 @@ class SegmentParser(wiring.Component):
         first = Signal(init=1)
         count_given = Signal()
         lanes = Cat(beat.keep[k].replicate(8) for k in range(n))
+        in_last = select(m, beat.keep, {mask(k): k for k in range(1, n + 1)},
+                         n.bit_length(), "in_last")
         merged = Signal.like(held)
         m.d.comb += merged.eq(held)
         for k in range(beats):
@@ -164,8 +166,7 @@ class SegmentParser(wiring.Component):
 
         # The decode stage's input: a whole packet's capture, its octets, its err.
         snap = Signal.like(held)
-        snap_octets = Signal(_COUNT_BITS)
-        snap_keep = Signal(n)
+        total = Signal(_COUNT_BITS)         # octets of the packet, ULPDU_Length field included
         snap_err = Signal()
         snap_valid = Signal()
         out_free = ~out.valid | out.ready
@@ -191,7 +192,8 @@ class SegmentParser(wiring.Component):
             m.d.sync += [first.eq(beat.last), count_given.eq(0)]
             with m.If(beat.last):
                 m.d.sync += [held.eq(0), index.eq(0), octets.eq(0),
-                             snap.eq(merged), snap_octets.eq(octets), snap_keep.eq(beat.keep),
+                             snap.eq(merged),
+                             total.eq(wrap_add(m, octets, in_last, _COUNT_BITS, "octets_all")),
                              snap_err.eq(beat.err), snap_valid.eq(1)]
             with m.Else():
                 m.d.sync += [held.eq(merged), octets.eq(add(octets, n)[:_COUNT_BITS])]
@@ -203,9 +205,6 @@ class SegmentParser(wiring.Component):
         head = ulpdu[:8 * HEAD_BYTES]
         tagged_hdr = DDP_TAGGED.unpack(ulpdu[:8 * DDP_TAGGED.length])
         untagged_hdr = DDP_UNTAGGED.unpack(ulpdu[:8 * DDP_UNTAGGED.length])
-        in_last = select(m, snap_keep, {mask(k): k for k in range(1, n + 1)},
-                         n.bit_length(), "in_last")
-        total = wrap_add(m, snap_octets, in_last, _COUNT_BITS, "total")
         t, opcode = tagged_hdr.t, tagged_hdr.opcode
         # A header-only message's RDMAP header sits after the untagged DDP header; its size
         # must match exactly (_LENGTH_FIELD + 18 + size octets in all).
