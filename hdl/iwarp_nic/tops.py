@@ -16,6 +16,7 @@ def tops():
     from .crc import CRC32CEngine, CRC32Engine
     from .ddp.placement import WritePlacer
     from .ddp.segment import SegmentParser
+    from .ddp.stag import StagTable
     from .eth import GmiiMac, XgmiiMac
     from .eth.cdc import MacRxCrossing, MacTxCrossing
     from .fifo import PacketFifo
@@ -55,6 +56,8 @@ def tops():
     tops["iwarp_tcp_node_w2_gmii"] = lambda: TcpNode(2, mac_bytes=1)
     tops["iwarp_beat_upsizer_w1_w8"] = lambda: BeatUpsizer(1, 8, err=True)
     tops["iwarp_beat_downsizer_w8_w1"] = lambda: BeatDownsizer(8, 1, err=True)
+    tops["iwarp_ddp_stag_e256"] = lambda: StagTable(256)
+    tops["iwarp_ddp_stag_e4096"] = lambda: StagTable(4096)
     tops["iwarp_tcp_isn"] = lambda: IsnGenerator(156_250_000)
     tops["iwarp_tcp_lookup_c256"] = lambda: ConnLookup(256)
     tops["iwarp_skid_u32"] = lambda: SkidBuffer(unsigned(32))

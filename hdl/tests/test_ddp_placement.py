@@ -25,8 +25,9 @@ from iwarp_model.mr import Access, AccessError, MrTable, stag_index
 from iwarp_model.wire.errors import WireError
 from iwarp_model.wire.rdmap import Opcode, ReadRequest, Segment, decode_segment
 from iwarp_model.wire.terminate import error_code_for
-from iwarp_nic.ddp.placement import Fault, WritePlacer
+from iwarp_nic.ddp.placement import WritePlacer
 from iwarp_nic.ddp.segment import SegmentParser
+from iwarp_nic.ddp.stag import Fault
 from iwarp_nic.errors import TerminateCode
 from iwarp_nic.rdmap.terminate import OFFENDING_BYTES
 from iwarp_tb import toolchain

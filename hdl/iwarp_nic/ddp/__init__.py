@@ -1,2 +1,19 @@
 """DDP (RFC 5041) with the RDMAP header decode it carries (RFC 5040, RFC 7306): segments parsed
 and emitted, and the tagged-buffer checks of RFC 5041 and RFC 5042 before placement."""
+
+from .placement import PlaceRequest, WriteFault, WritePlacer
+from .segment import HEAD_BYTES, SegmentHeader, SegmentParser
+from .stag import (
+    Access,
+    Entry,
+    Fault,
+    InvalidateRequest,
+    LookupRequest,
+    LookupResult,
+    StagTable,
+    StagWrite,
+)
+
+__all__ = ["SegmentParser", "SegmentHeader", "HEAD_BYTES", "WritePlacer", "PlaceRequest",
+           "WriteFault", "StagTable", "Access", "Fault", "Entry", "StagWrite", "LookupRequest",
+           "LookupResult", "InvalidateRequest"]

@@ -12,8 +12,8 @@ the stream places nothing from then on. Other good segments go on, unchanged, to
 that handle them.
 """
 
-from amaranth import Module, Signal, unsigned
-from amaranth.lib import enum, stream, wiring
+from amaranth import Module, Signal
+from amaranth.lib import stream, wiring
 from amaranth.lib.data import StructLayout
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
@@ -24,44 +24,12 @@ from ..fifo import PacketFifo
 from ..rdmap.terminate import OFFENDING_BYTES
 from ..stream import BeatStream, check_data_bytes
 from .segment import SegmentHeader
+from .stag import Access, Fault, LookupRequest, LookupResult
 
-__all__ = ["Access", "Fault", "LookupRequest", "LookupResult", "PlaceRequest", "WriteFault",
-           "WritePlacer"]
+__all__ = ["PlaceRequest", "WriteFault", "WritePlacer"]
 
 _WRITE = 0
 
-
-class Access(enum.Flag, shape=4):
-    """Access rights, the values of the model's (and rdma-core's) flags."""
-
-    LOCAL_WRITE = 1
-    REMOTE_WRITE = 2
-    REMOTE_READ = 4
-    REMOTE_ATOMIC = 8
-
-
-class Fault(enum.Enum, shape=3):
-    """The first check of ``MrTable.check`` an access fails, in the model's order."""
-
-    NONE = 0
-    INVALID_STAG = 1
-    INVALIDATED = 2
-    NOT_ASSOCIATED = 3
-    TO_WRAP = 4
-    BASE_BOUNDS = 5
-    ACCESS_RIGHTS = 6
-
-
-def LookupRequest(pd_bits):
-    """One tagged access to check: ``length`` octets at ``to`` under ``stag``, with rights
-    ``access``, for a stream of protection domain ``pd``."""
-    return StructLayout({"stag": 32, "to": 64, "length": 32, "access": Access,
-                         "pd": unsigned(pd_bits)})
-
-
-#: The table's answer to a :func:`LookupRequest`: the fault, or ``addr``, the host address of
-#: octet ``to``.
-LookupResult = StructLayout({"fault": Fault, "addr": 64})
 
 #: A placement: ``length`` octets (1 or more) to write at host address ``addr``; the octets
 #: follow as one packet on the data stream.

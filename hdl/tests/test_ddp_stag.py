@@ -1,0 +1,210 @@
+# amaranth: UnusedElaboratable=no
+"""StagTable against the model's ``MrTable``: every check and invalidation, in order.
+
+The model's table is filled with regions of three protection domains (``reg_mr`` with random
+rights, offsets and lengths, one at the very top of the 64-bit TO space, and ``alloc_mr`` ones
+fast-registered or not), and each entry is written into the DUT. Then one sequence of requests
+goes in, each taken before the next is offered, with random idles and random stalls on both
+results: checks inside and at the edges of each region, past them, wrapping the TO, under
+another key or PD, for each right, at unused indices and indices beyond the table; remote
+invalidations of every kind; fast re-registrations under a new key and deregistrations as host
+writes. Every result must be the model's (its exception, or the host address) for the same
+sequence.
+"""
+
+import random
+
+import pytest
+from amaranth.back import verilog
+
+from iwarp_model.mr import Access, AccessError, MrTable, make_stag, stag_index, stag_key
+from iwarp_nic.ddp.stag import Fault, StagTable
+from iwarp_tb import toolchain
+from iwarp_tb.amsim import run
+from iwarp_tb.lint import lint
+from iwarp_tb.streams import AmaranthBus, StreamPort, recv
+
+ENTRIES = 32
+IDLE = STALL = 0.25
+FAULT_OF = {"InvalidStag": Fault.INVALID_STAG, "StagInvalidated": Fault.INVALIDATED,
+            "StagNotAssociated": Fault.NOT_ASSOCIATED, "TaggedOffsetWrap": Fault.TO_WRAP,
+            "BaseBoundsViolation": Fault.BASE_BOUNDS,
+            "AccessRightsViolation": Fault.ACCESS_RIGHTS}
+
+
+class Model:
+    """The model's table and the DUT's entries kept alike."""
+
+    def __init__(self, rng):
+        self.rng = rng
+        self.table = MrTable(ENTRIES)
+        self.pds = [self.table.alloc_pd() for _ in range(3)]
+        self.by_handle = {pd.handle: pd for pd in self.pds}
+        self.host = {}
+        self.regions = []
+
+    def entry(self, region):
+        if region is None:
+            return {"present": 0, "key": 0, "valid": 0, "invalidatable": 0, "pd": 0,
+                    "access": 0, "iova": 0, "length": 0, "host_addr": 0}
+        index = stag_index(region.stag)
+        self.host.setdefault(index, self.rng.getrandbits(60))
+        return {"present": 1, "key": stag_key(region.stag), "valid": int(region.valid),
+                "invalidatable": int(region.invalidatable), "pd": region.pd.handle,
+                "access": int(region.access), "iova": region.iova, "length": region.length,
+                "host_addr": self.host[index]}
+
+    def write(self, region, index=None):
+        return ("write", {"index": stag_index(region.stag) if index is None else index,
+                          "entry": self.entry(None if index is not None else region)})
+
+    def check(self, stag, to, length, access, pd_handle):
+        pd = self.by_handle.get(pd_handle) or object()
+        try:
+            region = self.table.check(stag, to, length, Access(access), pd)
+        except AccessError as error:
+            return FAULT_OF[type(error).__name__], 0
+        return Fault.NONE, (self.host[stag_index(stag)] + to - region.iova) % (1 << 64)
+
+    def invalidate(self, stag, pd_handle):
+        pd = self.by_handle.get(pd_handle) or object()
+        try:
+            self.table.invalidate(stag, pd)
+        except AccessError as error:
+            return FAULT_OF[type(error).__name__], 0
+        return Fault.NONE, 0
+
+
+def operations(rng, model):
+    """(ops, expected check results, expected invalidation results)."""
+    ops, checks, invalidations = [], [], []
+    for k in range(14):
+        pd = rng.choice(model.pds)
+        if k < 10:
+            size = rng.choice([1, 2, 64, 4096, rng.getrandbits(20)])
+            iova = rng.choice([0, rng.getrandbits(48), (1 << 64) - size])
+            region = model.table.reg_mr(pd, bytearray(size), Access(rng.randrange(16)),
+                                        iova=iova)
+        else:
+            region = model.table.alloc_mr(pd)
+            if k % 2:
+                model.table.fast_reg(region.stag, bytearray(rng.randrange(1, 300)),
+                                     Access(rng.randrange(16)), iova=rng.getrandbits(40))
+        model.regions.append(region)
+        ops.append(model.write(region))
+
+    def check(stag, to, length, access, pd):
+        ops.append(("check", {"stag": stag, "to": to % (1 << 64), "length": length,
+                              "access": access, "pd": pd}))
+        checks.append(model.check(stag, to % (1 << 64), length, access, pd))
+
+    def invalidate(stag, pd):
+        ops.append(("invalidate", {"stag": stag, "pd": pd}))
+        invalidations.append(model.invalidate(stag, pd))
+
+    for _ in range(6):
+        for region in list(model.regions):
+            size = max(region.length, 1)
+            pd = region.pd.handle
+            for to, length in ((region.iova, size), (region.iova, 1), (region.iova + size - 1, 1),
+                               (region.iova + size - 1, 2), (region.iova - 1, 1),
+                               (region.iova + size, 1), (region.iova + rng.randrange(size), 0),
+                               ((1 << 64) - 1, 2), (region.iova + rng.randrange(size),
+                                                    rng.randint(1, size))):
+                if 0 <= to < 1 << 64 and length < 1 << 32:
+                    check(region.stag, to, length, int(region.access), pd)
+            check(region.stag, region.iova, 1, rng.randrange(16), pd)
+            check(region.stag, region.iova, 1, int(region.access), rng.randrange(5))
+            check(region.stag ^ rng.choice([1, 0x80]), region.iova, 1, 0, pd)
+            check(make_stag(rng.randrange(ENTRIES), rng.randrange(256)), rng.getrandbits(64),
+                  rng.randrange(100), rng.randrange(16), rng.randrange(4))
+            check(rng.getrandbits(32), region.iova, 1, 0, pd)        # mostly past the table
+            if rng.random() < 0.15:
+                invalidate(region.stag if rng.random() < 0.7 else region.stag ^ 2,
+                           pd if rng.random() < 0.8 else rng.randrange(4))
+        # Host writes between requests: a fast re-registration under a new key, and a
+        # deregistration.
+        for region in model.regions:
+            if region.invalidatable and not region.valid and rng.random() < 0.5:
+                stag = make_stag(stag_index(region.stag), rng.randrange(256))
+                model.table.fast_reg(stag, bytearray(rng.randrange(1, 200)),
+                                     Access(rng.randrange(16)), iova=rng.getrandbits(40))
+                ops.append(model.write(region))
+        if rng.random() < 0.5:
+            region = rng.choice([r for r in model.regions if not r.invalidatable])
+            if stag_index(region.stag) in {stag_index(r.stag) for r in model.regions}:
+                model.table.dereg_mr(region)
+                model.regions.remove(region)
+                ops.append(model.write(region, stag_index(region.stag)))
+    return ops, checks, invalidations
+
+
+def simulate(ops, n_checks, n_invalidations, *, seed, idle=IDLE, stall=STALL):
+    dut = StagTable(ENTRIES)
+    got = {}
+    ports = {"write": dut.i_write, "check": dut.i_check, "invalidate": dut.i_invalidate}
+
+    async def source(ctx):
+        rng = random.Random(seed)
+        bus = AmaranthBus(ctx)
+        for kind, fields in ops:
+            while rng.random() < idle:
+                await bus.edge()
+            port = StreamPort.amaranth(ports[kind])
+            for name, value in fields.items():
+                if isinstance(value, dict):
+                    for sub, v in value.items():
+                        ctx.set(ports[kind].payload[name][sub], v)
+                else:
+                    ctx.set(ports[kind].payload[name], value)
+            bus.set(port.valid, 1)
+            while not (await bus.edge(port.ready))[0]:
+                pass
+            bus.set(port.valid, 0)
+
+    async def results(ctx):
+        got["checks"] = await recv(AmaranthBus(ctx), StreamPort.amaranth(dut.o_check), n_checks,
+                                   rng=random.Random(seed + 1), stall=stall)
+
+    async def invalidations(ctx):
+        got["invalidations"] = await recv(AmaranthBus(ctx), StreamPort.amaranth(dut.o_invalidate),
+                                          n_invalidations, rng=random.Random(seed + 2),
+                                          stall=stall)
+
+    run(dut, source, results, invalidations, name="ddp_stag")
+    # The address is defined only where there is no fault.
+    return ([(Fault(r["fault"]), r["addr"] if Fault(r["fault"]) == Fault.NONE else 0)
+             for r in got["checks"]],
+            [(Fault(r["fault"]), 0) for r in got["invalidations"]])
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_against_model(seed):
+    rng = random.Random(seed)
+    model = Model(rng)
+    ops, checks, invalidations = operations(rng, model)
+    got_checks, got_invalidations = simulate(ops, len(checks), len(invalidations), seed=seed)
+    for k, (got, want) in enumerate(zip(got_checks, checks)):
+        assert got == want, (k, [op for op in ops if op[0] == "check"][k])
+    assert len(got_checks) == len(checks)
+    assert got_invalidations == invalidations
+    # Every answer the table can give was asked for.
+    assert {f for f, _ in checks} == set(Fault)
+    assert {f for f, _ in invalidations} >= {Fault.NONE, Fault.INVALID_STAG,
+                                             Fault.ACCESS_RIGHTS}
+
+
+def test_full_rate():
+    """Checks back to back, results taken at once: one per cycle."""
+    rng = random.Random(9)
+    model = Model(rng)
+    ops, checks, invalidations = operations(rng, model)
+    got_checks, _ = simulate(ops, len(checks), len(invalidations), seed=9, idle=0, stall=0)
+    assert got_checks == checks
+
+
+def test_lint(tmp_path):
+    toolchain.setup()
+    path = tmp_path / "stag.v"
+    path.write_text(verilog.convert(StagTable(4096), name="stag"))
+    assert lint(path) == ""
