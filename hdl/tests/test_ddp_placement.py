@@ -20,28 +20,20 @@ from amaranth import Module
 from amaranth.back import verilog
 from amaranth.lib import wiring
 
-from iwarp_model.engine import _TAGGED_CODES, _code_of
-from iwarp_model.mr import Access, AccessError, MrTable, stag_index
-from iwarp_model.wire.errors import WireError
-from iwarp_model.wire.rdmap import Opcode, ReadRequest, Segment, decode_segment
-from iwarp_model.wire.terminate import error_code_for
+from iwarp_model.mr import Access
+from iwarp_model.wire.rdmap import Opcode, ReadRequest, Segment
 from iwarp_nic.ddp.placement import WritePlacer
 from iwarp_nic.ddp.segment import SegmentParser
-from iwarp_nic.ddp.stag import Fault
 from iwarp_nic.errors import TerminateCode
 from iwarp_nic.rdmap.terminate import OFFENDING_BYTES
 from iwarp_tb import toolchain
 from iwarp_tb.amsim import run
 from iwarp_tb.beats import Packet
 from iwarp_tb.lint import lint
+from iwarp_tb.stags import HostTable
 from iwarp_tb.streams import AmaranthBus, StreamPort, recv, recv_packets, send, send_packets
 
 IDLE = STALL = 0.25
-FAULTS = {"InvalidStag": Fault.INVALID_STAG, "StagInvalidated": Fault.INVALIDATED,
-          "StagNotAssociated": Fault.NOT_ASSOCIATED, "TaggedOffsetWrap": Fault.TO_WRAP,
-          "BaseBoundsViolation": Fault.BASE_BOUNDS, "AccessRightsViolation": Fault.ACCESS_RIGHTS}
-
-
 class Chain(wiring.Component):
     """The parser feeding the placer, as in the receive path."""
 
@@ -58,13 +50,13 @@ class Chain(wiring.Component):
         return m
 
 
-class Memory:
-    """The model's table, with a host address for each region."""
+class Memory(HostTable):
+    """The model's table: regions of two protection domains with every combination of
+    rights, fast-registered ones and an invalidated one; the stream's PD is the first."""
 
     def __init__(self, rng):
-        self.table = MrTable(64)
-        self.pd, self.other = self.table.alloc_pd(), self.table.alloc_pd()
-        self.host = {}
+        super().__init__(rng, 64, pds=2)
+        self.pd, other = self.pds
         self.regions = []
         for k in range(12):
             access = Access(rng.randrange(16))
@@ -72,9 +64,8 @@ class Memory:
                 access |= Access.REMOTE_WRITE
             size = rng.choice([1, 8, 100, 4096])
             iova = rng.choice([0, rng.getrandbits(40), (1 << 64) - size])
-            region = self.table.reg_mr(self.pd if k < 10 else self.other, bytearray(size),
-                                       access, iova=iova)
-            self.regions.append(region)
+            self.regions.append(self.table.reg_mr(self.pd if k < 10 else other,
+                                                  bytearray(size), access, iova=iova))
         for _ in range(2):
             region = self.table.alloc_mr(self.pd)
             self.table.fast_reg(region.stag, bytearray(256), Access.REMOTE_WRITE,
@@ -82,15 +73,10 @@ class Memory:
             self.regions.append(region)
         self.table.invalidate(self.regions[-1].stag, self.pd)
         for region in self.regions:
-            self.host[stag_index(region.stag)] = rng.getrandbits(48)
+            self.entry(region)
 
-    def check(self, stag, to, length):
-        """(fault, host address) as the DUT's table must answer."""
-        try:
-            region = self.table.check(stag, to, length, Access.REMOTE_WRITE, self.pd)
-        except AccessError as error:
-            return FAULTS[type(error).__name__], 0
-        return Fault.NONE, self.host[stag_index(stag)] + to - region.iova
+    def write_check(self, stag, to, length):
+        return self.check(stag, to, length, Access.REMOTE_WRITE, self.pd.handle)
 
 
 def writes(rng, memory):
@@ -122,28 +108,7 @@ def others(rng):
 
 
 def model(memory, stream):
-    """(placements, forwarded, fault): the engine's handling of ``stream`` until its first
-    error; ``fault`` is (code, ulpdu) or None."""
-    placed, forwarded = [], []
-    for ulpdu in stream:
-        try:
-            segment = decode_segment(ulpdu)
-        except WireError as error:
-            return placed, forwarded, (error_code_for(error), ulpdu)
-        if segment.opcode != Opcode.WRITE:
-            payload = segment.payload or b""
-            forwarded.append((int(segment.opcode), payload if segment.header is None else None))
-            continue
-        if not segment.payload:
-            continue
-        try:
-            memory.table.check(segment.stag, segment.to, len(segment.payload),
-                               Access.REMOTE_WRITE, memory.pd)
-        except AccessError as error:
-            return placed, forwarded, (_code_of(_TAGGED_CODES, error), ulpdu)
-        placed.append((memory.check(segment.stag, segment.to, len(segment.payload))[1],
-                       segment.payload))
-    return placed, forwarded, None
+    return memory.receive(memory.pd.handle, stream)
 
 
 def simulate(n, memory, stream, *, seed, idle=IDLE, stall=STALL):
@@ -178,7 +143,7 @@ def simulate(n, memory, stream, *, seed, idle=IDLE, stall=STALL):
                 bus.set(placer.o_lookup.ready, 0)
                 for _ in range(rng.randrange(4)):
                     await bus.edge()
-                kind, addr = memory.check(stag, to, length)
+                kind, addr = memory.write_check(stag, to, length)
                 await send(bus, StreamPort.amaranth(placer.i_lookup),
                            [{"fault": kind.value, "addr": addr}])
 

@@ -17,62 +17,27 @@ import random
 import pytest
 from amaranth.back import verilog
 
-from iwarp_model.mr import Access, AccessError, MrTable, make_stag, stag_index, stag_key
+from iwarp_model.mr import Access, make_stag, stag_index
 from iwarp_nic.ddp.stag import Fault, StagTable
 from iwarp_tb import toolchain
 from iwarp_tb.amsim import run
 from iwarp_tb.lint import lint
+from iwarp_tb.stags import HostTable
 from iwarp_tb.streams import AmaranthBus, StreamPort, recv
 
 ENTRIES = 32
 IDLE = STALL = 0.25
-FAULT_OF = {"InvalidStag": Fault.INVALID_STAG, "StagInvalidated": Fault.INVALIDATED,
-            "StagNotAssociated": Fault.NOT_ASSOCIATED, "TaggedOffsetWrap": Fault.TO_WRAP,
-            "BaseBoundsViolation": Fault.BASE_BOUNDS,
-            "AccessRightsViolation": Fault.ACCESS_RIGHTS}
 
 
-class Model:
-    """The model's table and the DUT's entries kept alike."""
+class Model(HostTable):
+    """The model's table, the regions registered and the writes that mirror them."""
 
     def __init__(self, rng):
-        self.rng = rng
-        self.table = MrTable(ENTRIES)
-        self.pds = [self.table.alloc_pd() for _ in range(3)]
-        self.by_handle = {pd.handle: pd for pd in self.pds}
-        self.host = {}
+        super().__init__(rng, ENTRIES)
         self.regions = []
 
-    def entry(self, region):
-        if region is None:
-            return {"present": 0, "key": 0, "valid": 0, "invalidatable": 0, "pd": 0,
-                    "access": 0, "iova": 0, "length": 0, "host_addr": 0}
-        index = stag_index(region.stag)
-        self.host.setdefault(index, self.rng.getrandbits(60))
-        return {"present": 1, "key": stag_key(region.stag), "valid": int(region.valid),
-                "invalidatable": int(region.invalidatable), "pd": region.pd.handle,
-                "access": int(region.access), "iova": region.iova, "length": region.length,
-                "host_addr": self.host[index]}
-
-    def write(self, region, index=None):
-        return ("write", {"index": stag_index(region.stag) if index is None else index,
-                          "entry": self.entry(None if index is not None else region)})
-
-    def check(self, stag, to, length, access, pd_handle):
-        pd = self.by_handle.get(pd_handle) or object()
-        try:
-            region = self.table.check(stag, to, length, Access(access), pd)
-        except AccessError as error:
-            return FAULT_OF[type(error).__name__], 0
-        return Fault.NONE, (self.host[stag_index(stag)] + to - region.iova) % (1 << 64)
-
-    def invalidate(self, stag, pd_handle):
-        pd = self.by_handle.get(pd_handle) or object()
-        try:
-            self.table.invalidate(stag, pd)
-        except AccessError as error:
-            return FAULT_OF[type(error).__name__], 0
-        return Fault.NONE, 0
+    def write(self, region, *, removed=False):
+        return ("write", super().write(region, removed=removed))
 
 
 def operations(rng, model):
@@ -135,7 +100,7 @@ def operations(rng, model):
             if stag_index(region.stag) in {stag_index(r.stag) for r in model.regions}:
                 model.table.dereg_mr(region)
                 model.regions.remove(region)
-                ops.append(model.write(region, stag_index(region.stag)))
+                ops.append(model.write(region, removed=True))
     return ops, checks, invalidations
 
 
