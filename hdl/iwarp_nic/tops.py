@@ -15,6 +15,7 @@ def tops():
     """``{module_name: factory}`` for every generated top-level module."""
     from .crc import CRC32CEngine, CRC32Engine
     from .ddp.placement import WritePlacer
+    from .ddp.receive import StreamReceiver
     from .ddp.segment import SegmentParser
     from .ddp.stag import StagTable
     from .eth import GmiiMac, XgmiiMac
@@ -47,6 +48,7 @@ def tops():
         tops[f"iwarp_rdmap_terminate_parser_w{n}"] = lambda n=n: TerminateParser(n)
         tops[f"iwarp_ddp_segment_w{n}"] = lambda n=n: SegmentParser(n)
         tops[f"iwarp_ddp_write_placer_w{n}"] = lambda n=n: WritePlacer(n)
+        tops[f"iwarp_ddp_receive_w{n}"] = lambda n=n: StreamReceiver(n)
     for n in (1, 8):
         tops[f"iwarp_mac_rx_cdc_w{n}"] = lambda n=n: MacRxCrossing(n)
         tops[f"iwarp_mac_tx_cdc_w{n}"] = lambda n=n: MacTxCrossing(n)

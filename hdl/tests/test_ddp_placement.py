@@ -72,8 +72,6 @@ class Memory(HostTable):
                                 iova=rng.getrandbits(32))
             self.regions.append(region)
         self.table.invalidate(self.regions[-1].stag, self.pd)
-        for region in self.regions:
-            self.entry(region)
 
     def write_check(self, stag, to, length):
         return self.check(stag, to, length, Access.REMOTE_WRITE, self.pd.handle)

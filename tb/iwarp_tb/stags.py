@@ -40,12 +40,14 @@ class HostTable:
         if region is None:
             return {"present": 0, "key": 0, "valid": 0, "invalidatable": 0, "pd": 0,
                     "access": 0, "iova": 0, "length": 0, "host_addr": 0}
-        index = stag_index(region.stag)
-        self.host.setdefault(index, self.rng.getrandbits(60))
         return {"present": 1, "key": stag_key(region.stag), "valid": int(region.valid),
                 "invalidatable": int(region.invalidatable), "pd": region.pd.handle,
                 "access": int(region.access), "iova": region.iova, "length": region.length,
-                "host_addr": self.host[index]}
+                "host_addr": self.host_addr(region.stag)}
+
+    def host_addr(self, stag):
+        """The host address of the region at ``stag``'s index (picked the first time)."""
+        return self.host.setdefault(stag_index(stag), self.rng.getrandbits(60))
 
     def write(self, region, *, removed=False) -> dict:
         """The ``StagWrite`` fields that store ``region`` (or clear its index)."""
@@ -61,7 +63,7 @@ class HostTable:
             region = self.table.check(stag, to, length, Access(access), self._pd(pd_handle))
         except AccessError as error:
             return FAULT_OF[type(error).__name__], 0
-        return Fault.NONE, (self.host[stag_index(stag)] + to - region.iova) % (1 << 64)
+        return Fault.NONE, (self.host_addr(stag) + to - region.iova) % (1 << 64)
 
     def invalidate(self, stag, pd_handle):
         """(fault, 0), invalidating in the model where there is none."""
