@@ -161,6 +161,36 @@ def test_against_model(n, count, longest, big, crc, markers):
     assert kind is None and len(ulpdus) == count + 14 + len(big)
 
 
+def pads_at_markers(rng, n, count):
+    """ULPDU lengths whose FPDUs end their pad right before a marker (which the CRC then
+    covers), that marker ``D`` octets after the FPDU's start for ``D`` of one, two and three
+    core beats and a word more; a filler FPDU before each brings the stream there."""
+    core = max(n, 4)
+    lengths, position = [], 0
+    for _ in range(count):
+        distance = rng.choice([core, 2 * core, 3 * core, core + 4, 2 * core + 4])
+        for filler in range(1200):
+            end = Framer(crc=True, markers=True, position=position)
+            end.frame(bytes(filler))
+            if end.position % 512 == -distance % 512:
+                break
+        lengths += [filler, distance - 2]
+        framer = Framer(crc=True, markers=True, position=end.position)
+        framer.frame(bytes(lengths[-1]))
+        position = framer.position
+    return lengths
+
+
+@pytest.mark.parametrize("n", [1, 8, 64])
+def test_pad_ends_at_marker(n):
+    """A marker right after the pad, at the first lane of a beat: the CRC covers it, so the
+    beat before is not the FPDU's last (found by the RX chain benchmark)."""
+    rng = random.Random(80 + n)
+    stream, _ = frame_stream(rng, pads_at_markers(rng, n, 12), crc=True, markers=True)
+    ulpdus, kind = check(n, stream, crc=True, markers=True, seed=n)
+    assert kind is None and len(ulpdus) == 24
+
+
 @pytest.mark.parametrize("n", [1, 8, 64])
 def test_full_rate(n):
     """Back to back, no idle input and no stalled output; one-octet and whole-stream chunks."""

@@ -213,7 +213,12 @@ class FpduSplitter(wiring.Component):
         head_lrem = wire(m, logical(length), "head_lrem")
         head_inside = wire(m, marker_here & (widened(m, head_lrem[:ew], 9, "head_low")
                                              >= to_marker), "head_inside")
-        head_final = Mux(head_inside, _at_most(length, n - 6), _at_most(length, n - 2))
+        # A marker right after the pad at the next beat's first lane is covered by the CRC:
+        # this beat is then not the last (the next holds the marker and the CRC field).
+        head_marker_next = wire(m, self.markers & eq(head_lrem, n) & eq(to_marker, n),
+                                "head_marker_next")
+        head_final = Mux(head_inside, _at_most(length, n - 6),
+                         _at_most(length, n - 2) & ~head_marker_next)
         head_end = plan_end("head", head_lrem, head_inside)
         # The next beat of this FPDU, after a beat that is not its last. Its marker, if any,
         # counts when it is not after the pad: lrem >= to_marker (then, n <= to_marker < 2n).
@@ -222,8 +227,10 @@ class FpduSplitter(wiring.Component):
         body_inside = wire(m, self.markers & ~marker_here & lt(to_marker, 2 * n)
                            & (lrem >= widened(m, to_marker, 17, "to_marker_wide")),
                            "body_inside")
+        body_marker_next = wire(m, self.markers & eq(lrem, 2 * n) & eq(to_marker, 2 * n),
+                                "body_marker_next")
         body_final = wire(m, Mux(marker_here | body_inside, _at_most(lrem, 2 * n - _MARKER),
-                                 _at_most(lrem, 2 * n)), "body_final")
+                                 _at_most(lrem, 2 * n) & ~body_marker_next), "body_final")
         body_end = plan_end("body", body_lrem, body_inside)
         # The first beat of the next FPDU, read as this one's last beat goes: worked out for
         # each word where it may start (after `end` octets), then chosen by `end`.
