@@ -39,7 +39,16 @@ Benchmarks so far:
   cycles from the first input beat to the last), goal 0.99, and the same for ULPDU bytes, for
   information; latency in cycles from the last input beat of one FPDU on an idle line to its
   last output beat.
-* The iWARP blocks at 8 bytes fitted alone like the CRC engine: the MPA framer and deframer and
+* The RX chain of one stream (:class:`~iwarp_nic.ddp.StreamReceiver`: deframer, DDP segment
+  parser, Write placer and STag table, CRC and markers on) at 8 and 64 bytes: a train of 200
+  RDMA Writes of 4 KiB payloads into one registered region (written into the table at reset),
+  framed by the model and fed as one packet, every output always ready, the placed octets
+  checked against the payloads. The fraction of cycles that take an input beat (goal 0.99), and
+  placed payload bytes per cycle for information next to their ceiling, the payload's share of
+  the FPDU octets; the latency in cycles from the last input beat of one FPDU on an idle line
+  to its placement request (which the placer offers in the cycle of the payload's first beat).
+* The iWARP blocks at 8 bytes fitted alone like the CRC engine: the MPA framer and deframer,
+  the DDP segment parser, Write placer and STag table (4096 entries), the whole RX chain, and
   the RDMAP Terminate emitter and parser (LUT4, FF; Fmax against 156.25 MHz). The MPA + DDP +
   RDMAP core will be fitted as one once it is assembled.
 """
@@ -115,16 +124,22 @@ def crc_fits():
 
 
 def iwarp_fits():
-    """The iWARP blocks at 8 bytes, each alone: the MPA framer and deframer, the Terminate
-    emitter and parser."""
+    """The iWARP blocks at 8 bytes, each alone: the MPA framer and deframer, the DDP stages,
+    the RX chain, the Terminate emitter and parser."""
+    from iwarp_nic.ddp import SegmentParser, StagTable, StreamReceiver, WritePlacer
     from iwarp_nic.mpa import FpduDeframer, FpduFramer
     from iwarp_nic.rdmap import TerminateEmitter, TerminateParser
 
     for label, block in (("MPA framer", FpduFramer), ("MPA deframer", FpduDeframer),
+                         ("DDP segment parser", SegmentParser),
+                         ("DDP write placer", WritePlacer),
+                         ("DDP receive", StreamReceiver),
                          ("RDMAP Terminate emitter", TerminateEmitter),
                          ("RDMAP Terminate parser", TerminateParser)):
         name = "iwarp_" + label.lower().replace(" ", "_") + "_w8"
         yield from _fit(block(8), name, label, "8 B/beat")
+    yield from _fit(StagTable(4096), "iwarp_ddp_stag_e4096", "DDP STag table",
+                    "4096 entries")
 
 
 #: TCP bytes per full-size frame at MTU 1500 (RFC 9293 header, no options) and that frame's
@@ -326,7 +341,81 @@ def mpa_deframer():
                      one.stats["last_out_cycle"] - one.stats["last_in_cycle"], "cycles")
 
 
-BENCHMARKS = [crc_engines, crc_fits, tcp_goodput, tcp_latency, mpa_deframer, iwarp_fits]
+#: The region the RX chain bench writes into: STag index 1, key 0x5A, PD 1.
+_BENCH_STAG, _BENCH_PD, _BENCH_HOST = 1 << 8 | 0x5A, 1, 0x1000_0000
+
+
+def _configured_receiver(width):
+    """:class:`~iwarp_nic.ddp.StreamReceiver` with CRC and markers on and one region in its
+    table (written in the first cycle), as a one-in one-out block for
+    :class:`~iwarp_tb.runner.BeatPlayer`: the placed payloads out, every other output ready."""
+    from amaranth import Module, Signal
+    from amaranth.lib import wiring
+    from amaranth.lib.wiring import In, Out
+
+    from iwarp_nic.ddp import Access, StreamReceiver
+    from iwarp_nic.stream import BeatStream
+
+    class ConfiguredReceiver(wiring.Component):
+        i: In(BeatStream(width))
+        o: Out(BeatStream(width))
+
+        def elaborate(self, platform):
+            m = Module()
+            m.submodules.rx = rx = StreamReceiver(width, stag_entries=256)
+            loaded = Signal()
+            entry = rx.i_write.payload.entry
+            m.d.comb += [
+                rx.crc.eq(1), rx.markers.eq(1), rx.max_ulpdu.eq(0xFFFF), rx.pd.eq(_BENCH_PD),
+                rx.i_write.valid.eq(~loaded), rx.i_write.payload.index.eq(_BENCH_STAG >> 8),
+                entry.present.eq(1), entry.key.eq(_BENCH_STAG & 0xFF), entry.valid.eq(1),
+                entry.pd.eq(_BENCH_PD), entry.access.eq(Access.REMOTE_WRITE),
+                entry.length.eq(1 << 40), entry.host_addr.eq(_BENCH_HOST),
+                rx.o_place.ready.eq(1), rx.o_fault.ready.eq(1), rx.o_error.ready.eq(1),
+                rx.o_header.ready.eq(1), rx.o_payload.ready.eq(1),
+            ]
+            with m.If(rx.i_write.ready):
+                m.d.sync += loaded.eq(1)
+            wiring.connect(m, wiring.flipped(self.i), rx.i)
+            wiring.connect(m, rx.o_data, wiring.flipped(self.o))
+            return m
+
+    return ConfiguredReceiver()
+
+
+def rx_chain():
+    from iwarp_model.wire.fpdu import Framer
+    from iwarp_model.wire.rdmap import Opcode, Segment
+
+    from .beats import from_beats
+
+    rng = random.Random(5041)
+    payloads = [rng.randbytes(4096) for _ in range(200)]
+    ulpdus = [Segment(Opcode.WRITE, p, stag=_BENCH_STAG, to=4096 * k).encode()
+              for k, p in enumerate(payloads)]
+    framer = Framer(crc=True, markers=True)
+    stream = b"".join(framer.frame(u) for u in ulpdus)
+    ceiling = round(sum(map(len, payloads)) / len(stream), 4)
+    for width in (8, 64):
+        player = BeatPlayer(f"iwarp_ddp_receive_bench_w{width}", _configured_receiver(width))
+        out = player.play([stream], tag="train")
+        if [bytes(p) for p in from_beats(out, width)] != payloads:
+            raise AssertionError(f"RX chain w{width}: the placed octets differ from the payloads")
+        stats = out.stats
+        cycles = stats["last_out_cycle"] - stats["first_in_cycle"] + 1
+        config = f"{width} B/beat, 200 RDMA Writes of 4 KiB, CRC and markers"
+        yield record("RX chain input beats per cycle", config,
+                     round(len(stream) / (width * cycles), 4), "fraction", 0.99)
+        yield record("RX chain placed payload bytes per cycle", f"{config}, ceiling {ceiling}",
+                     round(sum(map(len, payloads)) / (width * cycles), 4), "fraction")
+        one = player.play([Framer(crc=True, markers=True).frame(ulpdus[0])], tag="one")
+        yield record("RX chain latency to placement request",
+                     f"{width} B/beat, one 4 KiB RDMA Write, idle",
+                     one.cycles[0] - one.stats["last_in_cycle"], "cycles")
+
+
+BENCHMARKS = [crc_engines, crc_fits, tcp_goodput, tcp_latency, mpa_deframer, rx_chain,
+              iwarp_fits]
 
 
 def table(records):

@@ -2,6 +2,7 @@
 and emitted, and the tagged-buffer checks of RFC 5041 and RFC 5042 before placement."""
 
 from .placement import PlaceRequest, WriteFault, WritePlacer
+from .receive import StreamReceiver
 from .segment import HEAD_BYTES, SegmentHeader, SegmentParser
 from .stag import (
     Access,
@@ -14,6 +15,6 @@ from .stag import (
     StagWrite,
 )
 
-__all__ = ["SegmentParser", "SegmentHeader", "HEAD_BYTES", "WritePlacer", "PlaceRequest",
-           "WriteFault", "StagTable", "Access", "Fault", "Entry", "StagWrite", "LookupRequest",
-           "LookupResult", "InvalidateRequest"]
+__all__ = ["StreamReceiver", "SegmentParser", "SegmentHeader", "HEAD_BYTES", "WritePlacer",
+           "PlaceRequest", "WriteFault", "StagTable", "Access", "Fault", "Entry", "StagWrite",
+           "LookupRequest", "LookupResult", "InvalidateRequest"]
