@@ -14,6 +14,7 @@ from .stream import BeatLayout, SkidBuffer
 def tops():
     """``{module_name: factory}`` for every generated top-level module."""
     from .crc import CRC32CEngine, CRC32Engine
+    from .ddp.emit import SegmentEmitter
     from .ddp.placement import WritePlacer
     from .ddp.receive import StreamReceiver
     from .ddp.segment import SegmentParser
@@ -49,6 +50,7 @@ def tops():
         tops[f"iwarp_ddp_segment_w{n}"] = lambda n=n: SegmentParser(n)
         tops[f"iwarp_ddp_write_placer_w{n}"] = lambda n=n: WritePlacer(n)
         tops[f"iwarp_ddp_receive_w{n}"] = lambda n=n: StreamReceiver(n)
+        tops[f"iwarp_ddp_emit_w{n}"] = lambda n=n: SegmentEmitter(n)
     for n in (1, 8):
         tops[f"iwarp_mac_rx_cdc_w{n}"] = lambda n=n: MacRxCrossing(n)
         tops[f"iwarp_mac_tx_cdc_w{n}"] = lambda n=n: MacTxCrossing(n)

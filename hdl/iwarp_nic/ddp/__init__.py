@@ -1,6 +1,7 @@
 """DDP (RFC 5041) with the RDMAP header decode it carries (RFC 5040, RFC 7306): segments parsed
 and emitted, and the tagged-buffer checks of RFC 5041 and RFC 5042 before placement."""
 
+from .emit import Fetch, Message, SegmentEmitter
 from .placement import PlaceRequest, WriteFault, WritePlacer
 from .receive import StreamReceiver
 from .segment import HEAD_BYTES, SegmentHeader, SegmentParser
@@ -15,6 +16,7 @@ from .stag import (
     StagWrite,
 )
 
-__all__ = ["StreamReceiver", "SegmentParser", "SegmentHeader", "HEAD_BYTES", "WritePlacer",
-           "PlaceRequest", "WriteFault", "StagTable", "Access", "Fault", "Entry", "StagWrite",
-           "LookupRequest", "LookupResult", "InvalidateRequest"]
+__all__ = ["StreamReceiver", "SegmentEmitter", "Message", "Fetch", "SegmentParser",
+           "SegmentHeader", "HEAD_BYTES", "WritePlacer", "PlaceRequest", "WriteFault",
+           "StagTable", "Access", "Fault", "Entry", "StagWrite", "LookupRequest",
+           "LookupResult", "InvalidateRequest"]

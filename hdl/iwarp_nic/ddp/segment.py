@@ -39,7 +39,7 @@ from ..stream import BeatStream, check_data_bytes
 from ..trim import HeadTrim
 from ..width import BeatDownsizer, BeatUpsizer
 
-__all__ = ["HEAD_BYTES", "SegmentHeader", "SegmentParser"]
+__all__ = ["HEAD_BYTES", "QUEUE", "TAGGED_OPCODES", "SegmentHeader", "SegmentParser"]
 
 _LENGTH_FIELD = 2                   # the MPA ULPDU_Length octets ahead of each ULPDU
 #: Octets of each ULPDU the parser keeps: an untagged DDP header and the longest RDMAP header
@@ -49,9 +49,9 @@ _CAPTURE = _LENGTH_FIELD + HEAD_BYTES
 _COUNT_BITS = 17                    # octets of a packet: up to 2 + 65535
 _NO_PAYLOAD = (1 << _COUNT_BITS) - 1
 
-_TAGGED_OPCODES = (0, 2)            # Write, Read Response
+TAGGED_OPCODES = (0, 2)             # Write, Read Response
 #: DDP queue of each untagged opcode (RFC 5040 5.1, RFC 7306 10.2).
-_QUEUE = {1: 1, 3: 0, 4: 0, 5: 0, 6: 0, 7: 2, 8: 0, 9: 0, 10: 1, 11: 3}
+QUEUE = {1: 1, 3: 0, 4: 0, 5: 0, 6: 0, 7: 2, 8: 0, 9: 0, 10: 1, 11: 3}
 #: Length of the RDMAP header of the opcodes that have one of fixed size: Read Request,
 #: Immediate Data (twice), Atomic Request and Atomic Response.
 _HEADER_SIZE = {1: 28, 8: 8, 9: 8, 10: 52, 11: 12}
@@ -225,9 +225,9 @@ class SegmentParser(wiring.Component):
             (~eq(tagged_hdr.dv, 1) & t, TerminateCode.DDP_TAGGED_INVALID_VERSION),
             (~eq(tagged_hdr.dv, 1), TerminateCode.DDP_UNTAGGED_INVALID_VERSION),
             (~eq(tagged_hdr.rv, 1), TerminateCode.RDMAP_INVALID_VERSION),
-            (gt(opcode, 11) | (_one_of(opcode, _TAGGED_OPCODES) != t),
+            (gt(opcode, 11) | (_one_of(opcode, TAGGED_OPCODES) != t),
              TerminateCode.RDMAP_UNEXPECTED_OPCODE),
-            (~t & ~select(m, opcode, {op: eq(untagged_hdr.qn, qn) for op, qn in _QUEUE.items()},
+            (~t & ~select(m, opcode, {op: eq(untagged_hdr.qn, qn) for op, qn in QUEUE.items()},
                           1, "qn_ok"), TerminateCode.DDP_UNTAGGED_INVALID_QN),
             (~t & header_op & (~untagged_hdr.l | ~is_zero(untagged_hdr.mo)),
              TerminateCode.DDP_UNTAGGED_INVALID_MO),
