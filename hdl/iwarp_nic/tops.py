@@ -18,6 +18,7 @@ def tops():
     from .ddp.placement import WritePlacer
     from .ddp.receive import StreamReceiver
     from .ddp.segment import SegmentParser
+    from .ddp.send import StreamSender
     from .ddp.stag import StagTable
     from .eth import GmiiMac, XgmiiMac
     from .eth.cdc import MacRxCrossing, MacTxCrossing
@@ -51,6 +52,7 @@ def tops():
         tops[f"iwarp_ddp_write_placer_w{n}"] = lambda n=n: WritePlacer(n)
         tops[f"iwarp_ddp_receive_w{n}"] = lambda n=n: StreamReceiver(n)
         tops[f"iwarp_ddp_emit_w{n}"] = lambda n=n: SegmentEmitter(n)
+        tops[f"iwarp_ddp_send_w{n}"] = lambda n=n: StreamSender(n)
     for n in (1, 8):
         tops[f"iwarp_mac_rx_cdc_w{n}"] = lambda n=n: MacRxCrossing(n)
         tops[f"iwarp_mac_tx_cdc_w{n}"] = lambda n=n: MacTxCrossing(n)

@@ -14,85 +14,14 @@ import random
 import pytest
 from amaranth.back import verilog
 
-from iwarp_model.wire.rdmap import (
-    AtomicRequest,
-    AtomicResponse,
-    ImmediateData,
-    Opcode,
-    ReadRequest,
-    Segment,
-)
-from iwarp_model.wire.terminate import ErrorCode, Terminate
 from iwarp_nic.ddp.emit import SegmentEmitter
 from iwarp_tb import toolchain
 from iwarp_tb.amsim import run
 from iwarp_tb.lint import lint
+from iwarp_tb.messages import fetches, messages
 from iwarp_tb.streams import AmaranthBus, StreamPort, recv, recv_packets, send, send_packets
 
 IDLE = STALL = 0.25
-TAGGED = (Opcode.WRITE, Opcode.READ_RESPONSE)
-UNTAGGED = (Opcode.SEND, Opcode.SEND_INVALIDATE, Opcode.SEND_SE, Opcode.SEND_SE_INVALIDATE)
-
-
-def header_for(rng, opcode):
-    return {
-        Opcode.READ_REQUEST: lambda: ReadRequest(*(rng.getrandbits(b)
-                                                  for b in (32, 64, 32, 32, 64))),
-        Opcode.IMMEDIATE_DATA: lambda: ImmediateData(rng.randbytes(8)),
-        Opcode.IMMEDIATE_DATA_SE: lambda: ImmediateData(rng.randbytes(8)),
-        Opcode.ATOMIC_REQUEST: lambda: AtomicRequest(0, *(rng.getrandbits(b) for b in
-                                                          (32, 32, 64, 64, 64, 64, 64))),
-        Opcode.ATOMIC_RESPONSE: lambda: AtomicResponse(rng.getrandbits(32), rng.getrandbits(64)),
-        Opcode.TERMINATE: lambda: Terminate.for_error(ErrorCode.DDP_TAGGED_BASE_BOUNDS,
-                                                      rng.randbytes(rng.randrange(50))),
-    }[opcode]()
-
-
-def messages(rng, count, max_ulpdu):
-    """(message fields, payload, the model's ULPDUs) for random messages."""
-    out = []
-    opcodes = [Opcode(k % 12) for k in range(count)]
-    rng.shuffle(opcodes)
-    for opcode in opcodes:
-        msg = {"opcode": int(opcode), "stag": 0, "to": 0, "msn": rng.getrandbits(32),
-               "inv_stag": 0}
-        if opcode in TAGGED or opcode in UNTAGGED:
-            size = rng.choice([0, 1, 5, rng.randrange(3 * max_ulpdu), rng.randrange(300)])
-            payload = rng.randbytes(size)
-            tagged = opcode in TAGGED
-            step = max_ulpdu - (14 if tagged else 18)
-            if tagged:
-                msg.update(stag=rng.getrandbits(32),
-                           to=rng.choice([rng.getrandbits(64), (1 << 64) - 3]), msn=0)
-            elif opcode in (Opcode.SEND_INVALIDATE, Opcode.SEND_SE_INVALIDATE):
-                msg["inv_stag"] = rng.getrandbits(32)
-            ulpdus, offset = [], 0
-            while True:
-                chunk = payload[offset:offset + step]
-                last = offset + len(chunk) >= len(payload)
-                where = ({"stag": msg["stag"], "to": (msg["to"] + offset) % (1 << 64)} if tagged
-                         else {"msn": msg["msn"], "mo": offset, "inv_stag": msg["inv_stag"]})
-                ulpdus.append(Segment(opcode, chunk, last, **where).encode())
-                offset += len(chunk)
-                if last:
-                    break
-        else:
-            header = header_for(rng, opcode)
-            payload = header.encode()
-            ulpdus = [Segment(opcode, msn=msg["msn"], header=header).encode()]
-        msg["length"] = len(payload)
-        out.append((msg, payload, ulpdus))
-    return out
-
-
-def fetches(max_ulpdu, items):
-    """(payload, offset, length) of every fetch, in order."""
-    out = []
-    for msg, payload, _ in items:
-        step = max_ulpdu - (14 if msg["opcode"] in TAGGED else 18)
-        for offset in range(0, len(payload), step):
-            out.append((payload, offset, min(step, len(payload) - offset)))
-    return out
 
 
 def simulate(n, max_ulpdu, items, *, seed, idle=IDLE, stall=STALL):

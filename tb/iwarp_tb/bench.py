@@ -47,6 +47,11 @@ Benchmarks so far:
   placed payload bytes per cycle for information next to their ceiling, the payload's share of
   the FPDU octets; the latency in cycles from the last input beat of one FPDU on an idle line
   to its placement request (which the placer offers in the cycle of the payload's first beat).
+* The TX chain of one stream (:class:`~iwarp_nic.ddp.StreamSender`: DDP segment emitter and
+  MPA framer with the stream position, CRC and markers on) at 8 and 64 bytes: 200 RDMA Writes
+  of 4 KiB made inside the wrapper, their payloads played in as the answers to its fetches, the
+  FPDUs checked against the model's framing of the model's segments. The fraction of cycles
+  that give an output beat (goal 0.99) and payload bytes per cycle next to their ceiling.
 * The iWARP blocks at 8 bytes fitted alone like the CRC engine: the MPA framer and deframer,
   the DDP segment parser, Write placer and STag table (4096 entries), the whole RX chain, and
   the RDMAP Terminate emitter and parser (LUT4, FF; Fmax against 156.25 MHz). The MPA + DDP +
@@ -414,8 +419,73 @@ def rx_chain():
                      one.cycles[0] - one.stats["last_in_cycle"], "cycles")
 
 
+def _configured_sender(width, count, size):
+    """:class:`~iwarp_nic.ddp.StreamSender` with CRC and markers on, sending ``count`` RDMA
+    Writes of ``size`` octets (STag :data:`_BENCH_STAG`, TO ``size * k``), each one segment,
+    as a one-in one-out block for :class:`~iwarp_tb.runner.BeatPlayer`: the payloads in (the
+    answers to its fetches, in order), the FPDUs out."""
+    from amaranth import Module, Signal
+    from amaranth.lib import wiring
+    from amaranth.lib.wiring import In, Out
+
+    from iwarp_nic.ddp import StreamSender
+    from iwarp_nic.stream import BeatStream
+
+    class ConfiguredSender(wiring.Component):
+        i: In(BeatStream(width))
+        o: Out(BeatStream(width, err=True))
+
+        def elaborate(self, platform):
+            m = Module()
+            m.submodules.tx = tx = StreamSender(width)
+            sent = Signal(range(count + 1))
+            msg = tx.i_message.payload
+            m.d.comb += [
+                tx.crc.eq(1), tx.markers.eq(1), tx.max_ulpdu.eq(size + 14),
+                tx.i_message.valid.eq(sent != count), msg.opcode.eq(0),
+                msg.stag.eq(_BENCH_STAG), msg.to.eq(sent * size), msg.length.eq(size),
+                tx.o_fetch.ready.eq(1),
+            ]
+            with m.If(tx.i_message.valid & tx.i_message.ready):
+                m.d.sync += sent.eq(sent + 1)
+            wiring.connect(m, wiring.flipped(self.i), tx.i_payload)
+            wiring.connect(m, tx.o, wiring.flipped(self.o))
+            return m
+
+    return ConfiguredSender()
+
+
+def tx_chain():
+    from iwarp_model.wire.fpdu import Framer
+
+    from .beats import from_beats
+    from .messages import segments_of
+
+    rng = random.Random(5040)
+    payloads = [rng.randbytes(4096) for _ in range(200)]
+    framer = Framer(crc=True, markers=True)
+    fpdus = [framer.frame(u) for k, p in enumerate(payloads)
+             for u in segments_of({"opcode": 0, "stag": _BENCH_STAG, "to": 4096 * k},
+                                  p, 4096 + 14)]
+    wire = sum(map(len, fpdus))
+    for width in (8, 64):
+        player = BeatPlayer(f"iwarp_ddp_send_bench_w{width}",
+                            _configured_sender(width, len(payloads), 4096))
+        out = player.play(payloads, tag="train")
+        if [bytes(p) for p in from_beats(out, width)] != fpdus:
+            raise AssertionError(f"TX chain w{width}: the FPDUs differ from the model's")
+        stats = out.stats
+        cycles = stats["last_out_cycle"] - stats["first_in_cycle"] + 1
+        config = f"{width} B/beat, 200 RDMA Writes of 4 KiB, CRC and markers"
+        yield record("TX chain output beats per cycle", config,
+                     round(wire / (width * cycles), 4), "fraction", 0.99)
+        yield record("TX chain payload bytes per cycle",
+                     f"{config}, ceiling {round(4096 * 200 / wire, 4)}",
+                     round(4096 * 200 / (width * cycles), 4), "fraction")
+
+
 BENCHMARKS = [crc_engines, crc_fits, tcp_goodput, tcp_latency, mpa_deframer, rx_chain,
-              iwarp_fits]
+              tx_chain, iwarp_fits]
 
 
 def table(records):

@@ -5,6 +5,7 @@ from .emit import Fetch, Message, SegmentEmitter
 from .placement import PlaceRequest, WriteFault, WritePlacer
 from .receive import StreamReceiver
 from .segment import HEAD_BYTES, SegmentHeader, SegmentParser
+from .send import StreamSender
 from .stag import (
     Access,
     Entry,
@@ -16,7 +17,7 @@ from .stag import (
     StagWrite,
 )
 
-__all__ = ["StreamReceiver", "SegmentEmitter", "Message", "Fetch", "SegmentParser",
-           "SegmentHeader", "HEAD_BYTES", "WritePlacer", "PlaceRequest", "WriteFault",
-           "StagTable", "Access", "Fault", "Entry", "StagWrite", "LookupRequest",
+__all__ = ["StreamReceiver", "StreamSender", "SegmentEmitter", "Message", "Fetch",
+           "SegmentParser", "SegmentHeader", "HEAD_BYTES", "WritePlacer", "PlaceRequest",
+           "WriteFault", "StagTable", "Access", "Fault", "Entry", "StagWrite", "LookupRequest",
            "LookupResult", "InvalidateRequest"]
