@@ -49,6 +49,7 @@ def simulate(n, max_ulpdu, items, *, crc, markers, seed, idle=IDLE, stall=STALL)
     for k, (fpdu, want) in enumerate(zip(got["fpdus"], wanted)):
         assert bytes(fpdu) == want and not fpdu.err, k
     assert len(got["fpdus"]) == len(wanted)
+    return [bytes(f) for f in got["fpdus"]]
 
 
 @pytest.mark.parametrize("n", [1, 8, 64])
@@ -57,3 +58,25 @@ def test_against_model(n, crc, markers):
     rng = random.Random(n * 4 + crc * 2 + markers)
     max_ulpdu = rng.choice([100, 700, 1460])
     simulate(n, max_ulpdu, messages(rng, 24, max_ulpdu), crc=crc, markers=markers, seed=n)
+
+
+@pytest.mark.tshark
+@pytest.mark.parametrize("n", [1, 8, 64])
+def test_tshark(tmp_path, n):
+    """tshark reads the sender's stream (messages of every opcode, CRC on, markers off: the
+    dissector does not take markers out) as one FPDU per segment with Good CRC32 and the
+    opcodes sent."""
+    from iwarp_model.capture import StreamCapture
+    from iwarp_model.wire.mpa import MpaFrame
+    from iwarp_tb.tshark import check_fpdus
+
+    rng = random.Random(90 + n)
+    items = messages(rng, 36, 600)
+    fpdus = simulate(n, 600, items, crc=True, markers=False, seed=n, idle=0.1, stall=0.1)
+    path = tmp_path / f"ddp_send_w{n}.pcap"
+    with StreamCapture(path, ("10.0.0.1", 40000), ("10.0.0.2", 5000)) as capture:
+        capture.sent(MpaFrame(reply=False, crc=True, revision=1).encode())
+        capture.received(MpaFrame(reply=True, crc=True, revision=1).encode())
+        for fpdu in fpdus:
+            capture.sent(fpdu)
+    check_fpdus(path, [u for _, _, ulpdus in items for u in ulpdus])

@@ -12,13 +12,19 @@ import subprocess
 import xml.etree.ElementTree as ET
 from collections import Counter
 
-__all__ = ["TSHARK", "decode", "fields", "rdmap_opcodes"]
+__all__ = ["TSHARK", "OPCODE_NAMES", "decode", "fields", "rdmap_opcodes", "check_fpdus"]
 
 TSHARK = ["tshark", "-n", "-o", "tcp.try_heuristic_first:TRUE",
           "-o", "iwarp_ddp_rdmap.reassemble_iwarp_rdma_send:FALSE",
           "--disable-heuristic", "rpcrdma_iwarp", "--disable-heuristic", "smb_direct_iwarp",
           "-o", "ip.check_checksum:TRUE", "-o", "tcp.check_checksum:TRUE", "-T", "pdml",
           "-z", "expert"]
+
+
+#: tshark's names of the RDMAP opcodes 0 to 11 (tshark 4.0 does not know Immediate Data).
+OPCODE_NAMES = ["Write", "Read Request", "Read Response", "Send", "Send with Invalidate",
+                "Send with SE", "Send with SE and Invalidate", "Terminate", "Unknown", "Unknown",
+                "Atomic Request", "Atomic Response"]
 
 
 def decode(path):
@@ -40,3 +46,16 @@ def rdmap_opcodes(root):
     """RDMAP messages per opcode, by tshark's names ("Write", "Send with SE", ...)."""
     return Counter(re.sub(r" \(0x[0-9a-f]+\)$", "", f.get("showname").split(": ", 1)[1])
                    for f in fields(root, "iwarp_rdma.opcode"))
+
+
+def check_fpdus(path, ulpdus):
+    """Assert that tshark reads the capture at ``path`` as one FPDU per ULPDU of ``ulpdus``,
+    each with ``Good CRC32``, with their RDMAP opcodes, nothing malformed and no expert error."""
+    root, expert = decode(path)
+    assert len(fields(root, "iwarp_mpa.fpdu")) == len(ulpdus)
+    checks = [f.get("showname") for f in fields(root, "iwarp_mpa.crc_check")]
+    assert len(checks) == len(ulpdus), checks
+    assert all("(Good CRC32)" in check for check in checks), checks
+    assert rdmap_opcodes(root) == Counter(OPCODE_NAMES[u[1] & 0xF] for u in ulpdus)
+    assert not fields(root, "_ws.malformed")
+    assert not re.search(r"^Errors \(", expert, re.M), expert
