@@ -546,9 +546,14 @@ class FpduFramer(wiring.Component):
         hdr = self.i_header.payload
         m.submodules.lengths = lengths = SyncFIFOBuffered(width=16, depth=4)
         m.submodules.markers = markers = SyncFIFOBuffered(width=MarkerRequest.size, depth=4)
-        m.submodules.wire = wire = SyncFIFOBuffered(width=17, depth=4)
-        room = lengths.w_rdy & markers.w_rdy & wire.w_rdy
+        m.submodules.wire = wire = SyncFIFOBuffered(width=17, depth=8)
+        # The wire length is worked out over three cycles from the header taken (its adders
+        # would otherwise make one long path behind whatever drives the header); the queue
+        # keeps a place for each length on the way.
+        room = lengths.w_rdy & markers.w_rdy & lt(wire.w_level, wire.depth - _WIRE_STAGES)
         take = self.i_header.valid & room
+        wire_valid, wire_data = wire_length(m, take, hdr.ulpdu_length, hdr.position,
+                                            hdr.markers)
         request = Signal(MarkerRequest)
         m.d.comb += [
             request.crc.eq(hdr.crc), request.markers.eq(hdr.markers),
@@ -556,8 +561,7 @@ class FpduFramer(wiring.Component):
             self.i_header.ready.eq(room),
             lengths.w_data.eq(hdr.ulpdu_length), lengths.w_en.eq(take),
             markers.w_data.eq(request), markers.w_en.eq(take),
-            wire.w_data.eq(wire_length(m, hdr.ulpdu_length, hdr.position, hdr.markers)),
-            wire.w_en.eq(take),
+            wire.w_data.eq(wire_data), wire.w_en.eq(wire_valid),
             fit.i_length.payload.eq(lengths.r_data), fit.i_length.valid.eq(lengths.r_rdy),
             lengths.r_en.eq(fit.i_length.ready),
             inserter.i_header.payload.eq(markers.r_data),
@@ -569,9 +573,14 @@ class FpduFramer(wiring.Component):
         return m
 
 
-def wire_length(m, ulpdu_length, position, markers):
-    """The octets on the wire (17 bits) of an FPDU of ``ulpdu_length`` that starts at stream
-    offset ``position`` (modulo 512), with ``markers`` or not (the model's ``wire_length``).
+#: Cycles :func:`wire_length` takes.
+_WIRE_STAGES = 3
+
+
+def wire_length(m, valid, ulpdu_length, position, markers):
+    """``(valid, length)``, :data:`_WIRE_STAGES` cycles after ``valid``: the octets on the wire
+    (17 bits) of an FPDU of ``ulpdu_length`` that starts at stream offset ``position`` (modulo
+    512), with ``markers`` or not (the model's ``wire_length``). One per cycle.
 
     In words: ``W = ceil((2 + ULPDU_Length) / 4) + 1`` words of FPDU without markers. With
     markers, the stream's words are periods of 128 whose first is a marker; the FPDU starts
@@ -581,15 +590,31 @@ def wire_length(m, ulpdu_length, position, markers):
     division by 127 is ``x // 127 = a + (a + b) // 127`` for ``x = 128 a + b``, where
     ``a + b < 256``.
     """
+    def stage(name, width=1):
+        return Signal(width, name=f"wire_{name}")
+
+    # 1: W - 1 and the words before r.
+    v1, above1, r1, marked1 = stage("v1"), stage("above1", 15), stage("r1", 7), stage("marked1")
     length = widened(m, ulpdu_length, 17, "wire_length_inv")
-    above = add(length, _LENGTH + _CRC - 1)[2:]             # W - 1, 15 bits
-    r = position[2:]
-    r_zero = is_zero(r)
-    before = Mux(r_zero, 0, sub(r, 1))                      # non-marker words before r
-    n1 = wrap_add(m, above, before, 15, "wire_n1")          # N - 1, at most 16510
-    ab = wrap_add(m, n1[7:], n1[:7], 8, "wire_ab")          # a + b, at most 255
+    m.d.sync += [v1.eq(valid), above1.eq(add(length, _LENGTH + _CRC - 1)[2:]),
+                 r1.eq(position[2:]), marked1.eq(markers)]
+    # 2: N - 1.
+    v2, above2, n2, first2, marked2 = (stage("v2"), stage("above2", 15), stage("n2", 15),
+                                       stage("first2"), stage("marked2"))
+    r_zero = is_zero(r1)
+    before = Mux(r_zero, 0, sub(r1, 1))                     # non-marker words before r
+    m.d.sync += [v2.eq(v1), above2.eq(above1), first2.eq(r_zero), marked2.eq(marked1),
+                 n2.eq(wrap_add(m, above1, before, 15, "wire_n1"))]
+    # 3: the periods it reaches, and W (the words plus the CRC word's 1).
+    v3, words3, periods3, first3, marked3 = (stage("v3"), stage("words3", 15),
+                                             stage("periods3", 8), stage("first3"),
+                                             stage("marked3"))
+    ab = wrap_add(m, n2[7:], n2[:7], 8, "wire_ab")          # a + b, at most 255
     twice = ~lt(ab, 254)
-    periods = wrap_add(m, n1[7:], Cat(~lt(ab, 127) & ~twice, twice), 8, "wire_periods")
-    count = wrap_add(m, periods, r_zero, 8, "wire_markers")
-    words = wrap_add(m, above, Mux(markers, count, 0), 15, "wire_words")
-    return Cat(C(0, 2), add(words, 1))
+    m.d.sync += [v3.eq(v2), words3.eq(add(above2, 1)), first3.eq(first2),
+                 marked3.eq(marked2),
+                 periods3.eq(wrap_add(m, n2[7:], Cat(~lt(ab, 127) & ~twice, twice), 8,
+                                      "wire_periods"))]
+    count = wrap_add(m, periods3, first3, 8, "wire_markers")
+    words = wrap_add(m, words3, Mux(marked3, count, 0), 15, "wire_words")
+    return v3, Cat(C(0, 2), words)
