@@ -8,8 +8,13 @@ finds a protocol violation reports one of these; the names follow the registry's
 """
 
 from amaranth.lib import enum
+from amaranth.lib.data import StructLayout
 
-__all__ = ["TerminateCode"]
+__all__ = ["TerminateCode", "OFFENDING_BYTES", "Violation"]
+
+#: Octets of the offending segment a Terminate may copy: an untagged DDP header (18) and a Read
+#: Request header (28), RFC 5040 4.8.
+OFFENDING_BYTES = 18 + 28
 
 
 def _code(layer, etype, ecode):
@@ -53,3 +58,10 @@ class TerminateCode(enum.Enum, shape=16):
     MPA_LOCAL_CATASTROPHIC = _code(2, 0, 0x05)
     MPA_INSUFFICIENT_IRD = _code(2, 0, 0x06)
     MPA_NO_MATCHING_RTR = _code(2, 0, 0x07)
+
+
+#: A protocol violation found on receipt, for a Terminate: the code, and the offending ULPDU's
+#: length and first :data:`OFFENDING_BYTES` octets (lane 0 first, zero past its end): the fields
+#: of :data:`~iwarp_nic.rdmap.TerminateRequest` other than the MSN.
+Violation = StructLayout({"code": TerminateCode, "offending": 8 * OFFENDING_BYTES,
+                          "offending_length": 16})

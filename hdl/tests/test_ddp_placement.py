@@ -24,8 +24,7 @@ from iwarp_model.mr import Access
 from iwarp_model.wire.rdmap import Opcode, ReadRequest, Segment
 from iwarp_nic.ddp.placement import WritePlacer
 from iwarp_nic.ddp.segment import SegmentParser
-from iwarp_nic.errors import TerminateCode
-from iwarp_nic.rdmap.terminate import OFFENDING_BYTES
+from iwarp_nic.errors import OFFENDING_BYTES, TerminateCode
 from iwarp_tb import toolchain
 from iwarp_tb.amsim import run
 from iwarp_tb.beats import Packet

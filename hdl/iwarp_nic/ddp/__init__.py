@@ -2,7 +2,7 @@
 and emitted, and the tagged-buffer checks of RFC 5041 and RFC 5042 before placement."""
 
 from .emit import Fetch, Message, SegmentEmitter
-from .placement import PlaceRequest, WriteFault, WritePlacer
+from .placement import PlaceRequest, WritePlacer
 from .receive import StreamReceiver
 from .segment import HEAD_BYTES, SegmentHeader, SegmentParser
 from .send import StreamSender
@@ -19,5 +19,5 @@ from .stag import (
 
 __all__ = ["StreamReceiver", "StreamSender", "SegmentEmitter", "Message", "Fetch",
            "SegmentParser", "SegmentHeader", "HEAD_BYTES", "WritePlacer", "PlaceRequest",
-           "WriteFault", "StagTable", "Access", "Fault", "Entry", "StagWrite", "LookupRequest",
+           "StagTable", "Access", "Fault", "Entry", "StagWrite", "LookupRequest",
            "LookupResult", "InvalidateRequest"]

@@ -18,15 +18,14 @@ from amaranth.lib.data import StructLayout
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
-from ..errors import TerminateCode
+from ..errors import OFFENDING_BYTES, TerminateCode, Violation
 from ..exact import Machine, eq
 from ..fifo import PacketFifo
-from ..rdmap.terminate import OFFENDING_BYTES
 from ..stream import BeatStream, check_data_bytes
 from .segment import SegmentHeader
 from .stag import Access, Fault, LookupRequest, LookupResult
 
-__all__ = ["PlaceRequest", "WriteFault", "WritePlacer"]
+__all__ = ["PlaceRequest", "WritePlacer"]
 
 _WRITE = 0
 
@@ -35,10 +34,6 @@ _WRITE = 0
 #: follow as one packet on the data stream.
 PlaceRequest = StructLayout({"addr": 64, "length": 16})
 
-#: A Terminate to send: the code, and the offending ULPDU's length and first octets (the
-#: fields of :data:`~iwarp_nic.rdmap.TerminateRequest` other than the MSN).
-WriteFault = StructLayout({"code": TerminateCode, "offending": 8 * OFFENDING_BYTES,
-                           "offending_length": 16})
 
 #: What the placer does with a segment's payload packet.
 _Route = StructLayout({"place": 1, "forward": 1, "addr": 64, "length": 16})
@@ -60,7 +55,7 @@ class WritePlacer(wiring.Component):
         access; the results come back in order.
     o_place, o_data : Out(stream.Signature(PlaceRequest)), Out(BeatStream(data_bytes))
         A placement request per checked Write, then its payload as one packet.
-    o_fault : Out(stream.Signature(WriteFault))
+    o_fault : Out(stream.Signature(Violation))
         One Terminate request, for the first segment the parser found bad or whose lookup
         failed: codes DDP Invalid STag (also for an invalidated STag), Base or bounds,
         STag not associated with RDMAP stream, TO wrap; RDMAP access rights; or the parser's.
@@ -95,7 +90,7 @@ class WritePlacer(wiring.Component):
             "i_lookup": In(stream.Signature(LookupResult)),
             "o_place": Out(stream.Signature(PlaceRequest)),
             "o_data": Out(BeatStream(data_bytes)),
-            "o_fault": Out(stream.Signature(WriteFault)),
+            "o_fault": Out(stream.Signature(Violation)),
             "o_header": Out(stream.Signature(SegmentHeader)),
             "o_payload": Out(BeatStream(data_bytes)),
             "dead": Out(1),

@@ -11,11 +11,12 @@ from amaranth import Module, Mux
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..errors import Violation
 from ..exact import gt
 from ..mpa import FpduDeframer
 from ..mpa.deframer import ErrorKind
 from ..stream import BeatStream, check_data_bytes
-from .placement import PlaceRequest, WriteFault, WritePlacer
+from .placement import PlaceRequest, WritePlacer
 from .segment import SegmentHeader, SegmentParser
 from .stag import StagTable, StagWrite
 
@@ -38,7 +39,7 @@ class StreamReceiver(wiring.Component):
     o_place, o_data : Out
         A placement request (host address, length) per RDMA Write that passed every check,
         then its payload (:class:`~.placement.WritePlacer`).
-    o_fault : Out(stream.Signature(WriteFault))
+    o_fault : Out(stream.Signature(Violation))
         The Terminate request for the first violation found after the FPDU layer.
     o_error : Out(stream.Signature(ErrorKind))
         The deframer's event for a bad FPDU (CRC, marker, length).
@@ -66,7 +67,7 @@ class StreamReceiver(wiring.Component):
             "i_write": In(stream.Signature(StagWrite(pd_bits, index_bits))),
             "o_place": Out(stream.Signature(PlaceRequest)),
             "o_data": Out(BeatStream(data_bytes)),
-            "o_fault": Out(stream.Signature(WriteFault)),
+            "o_fault": Out(stream.Signature(Violation)),
             "o_error": Out(stream.Signature(ErrorKind)),
             "o_header": Out(stream.Signature(SegmentHeader)),
             "o_payload": Out(BeatStream(data_bytes)),

@@ -16,6 +16,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.data import StructLayout
 from amaranth.lib.wiring import In, Out
 
+from ..errors import OFFENDING_BYTES
 from ..exact import add, eq, gt, is_zero, lt, mask, select, sub, widened, wire
 from ..stream import BeatStream, check_data_bytes
 
@@ -23,9 +24,6 @@ __all__ = ["OFFENDING_BYTES", "TerminateRequest", "TerminateEmitter", "Terminate
            "TerminateParser"]
 
 _UNTAGGED, _TAGGED, _READ_REQUEST = 18, 14, 28
-#: Octets of the offending segment a Terminate may copy: an untagged DDP header and a Read
-#: Request header.
-OFFENDING_BYTES = _UNTAGGED + _READ_REQUEST
 _TERMINATE_QN, _TERMINATE_OPCODE, _READ_REQUEST_OPCODE = 2, 7, 1
 _LLP, _RDMAP = 2, 0
 #: DDP control (T 0, L 1, DV 1) and RDMAP control (RV 1, Terminate).
