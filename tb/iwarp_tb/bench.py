@@ -53,9 +53,10 @@ Benchmarks so far:
   FPDUs checked against the model's framing of the model's segments. The fraction of cycles
   that give an output beat (goal 0.99) and payload bytes per cycle next to their ceiling.
 * The iWARP blocks at 8 bytes fitted alone like the CRC engine: the MPA framer and deframer,
-  the DDP segment parser, Write placer and STag table (4096 entries), the whole RX chain, and
-  the RDMAP Terminate emitter and parser (LUT4, FF; Fmax against 156.25 MHz). The MPA + DDP +
-  RDMAP core will be fitted as one once it is assembled.
+  the DDP segment parser, Write placer, STag table (4096 entries), segment emitter, the whole
+  RX and TX chains, and the RDMAP Terminate emitter and parser and Read responder (LUT4, FF;
+  Fmax against 156.25 MHz). The MPA + DDP + RDMAP core will be fitted as one once it is
+  assembled.
 """
 
 import json
@@ -131,20 +132,30 @@ def crc_fits():
 def iwarp_fits():
     """The iWARP blocks at 8 bytes, each alone: the MPA framer and deframer, the DDP stages,
     the RX chain, the Terminate emitter and parser."""
-    from iwarp_nic.ddp import SegmentParser, StagTable, StreamReceiver, WritePlacer
+    from iwarp_nic.ddp import (
+        SegmentEmitter,
+        SegmentParser,
+        StagTable,
+        StreamReceiver,
+        StreamSender,
+        WritePlacer,
+    )
     from iwarp_nic.mpa import FpduDeframer, FpduFramer
-    from iwarp_nic.rdmap import TerminateEmitter, TerminateParser
+    from iwarp_nic.rdmap import ReadResponder, TerminateEmitter, TerminateParser
 
     for label, block in (("MPA framer", FpduFramer), ("MPA deframer", FpduDeframer),
                          ("DDP segment parser", SegmentParser),
                          ("DDP write placer", WritePlacer),
                          ("DDP receive", StreamReceiver),
+                         ("DDP segment emitter", SegmentEmitter), ("DDP send", StreamSender),
                          ("RDMAP Terminate emitter", TerminateEmitter),
                          ("RDMAP Terminate parser", TerminateParser)):
         name = "iwarp_" + label.lower().replace(" ", "_") + "_w8"
         yield from _fit(block(8), name, label, "8 B/beat")
     yield from _fit(StagTable(4096), "iwarp_ddp_stag_e4096", "DDP STag table",
                     "4096 entries")
+    yield from _fit(ReadResponder(), "iwarp_rdmap_read_responder", "RDMAP Read responder",
+                    "headers")
 
 
 #: TCP bytes per full-size frame at MTU 1500 (RFC 9293 header, no options) and that frame's

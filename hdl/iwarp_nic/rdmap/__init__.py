@@ -1,5 +1,8 @@
-"""RDMAP (RFC 5040, RFC 7306): the Terminate message, sent and received."""
+"""RDMAP (RFC 5040, RFC 7306): the Terminate message, sent and received; the responder's side
+of RDMA Read."""
 
+from .read import ReadResponder, ReadResponse
 from .terminate import TerminateEmitter, TerminateHeader, TerminateParser, TerminateRequest
 
-__all__ = ["TerminateEmitter", "TerminateRequest", "TerminateParser", "TerminateHeader"]
+__all__ = ["TerminateEmitter", "TerminateRequest", "TerminateParser", "TerminateHeader",
+           "ReadResponder", "ReadResponse"]
