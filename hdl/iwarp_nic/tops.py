@@ -28,7 +28,7 @@ def tops():
     from .ip import IpStack
     from .mpa import FpduDeframer, FpduFramer
     from .node import IpNode, TcpNode
-    from .rdmap import ReadResponder, TerminateEmitter, TerminateParser
+    from .rdmap import ReadResponder, SendScheduler, TerminateEmitter, TerminateParser
     from .tcp.isn import IsnGenerator
     from .tcp.lookup import ConnLookup
     from .trim import HeadTrim
@@ -63,6 +63,7 @@ def tops():
     tops["iwarp_beat_upsizer_w1_w8"] = lambda: BeatUpsizer(1, 8, err=True)
     tops["iwarp_beat_downsizer_w8_w1"] = lambda: BeatDownsizer(8, 1, err=True)
     tops["iwarp_rdmap_read_responder"] = ReadResponder
+    tops["iwarp_rdmap_send_scheduler"] = SendScheduler
     tops["iwarp_ddp_stag_e256"] = lambda: StagTable(256)
     tops["iwarp_ddp_stag_e4096"] = lambda: StagTable(4096)
     tops["iwarp_tcp_isn"] = lambda: IsnGenerator(156_250_000)
