@@ -15,16 +15,20 @@ from amaranth.lib.wiring import In, Out
 from .headers import HeaderFormat
 from .stream import BeatStream, check_data_bytes
 
-__all__ = ["HeaderStream", "HeaderParser", "HeaderEmitter"]
+__all__ = ["HeaderLayout", "HeaderStream", "HeaderParser", "HeaderEmitter"]
+
+
+def HeaderLayout(fmt):
+    """One parsed header of format ``fmt``: ``fields``, a view of ``fmt.layout`` (host-order
+    values), and ``has_payload``, 0 when the packet was exactly the header, in which case no
+    payload beats belong to it."""
+    return data.StructLayout({"fields": fmt.layout, "has_payload": 1})
 
 
 def HeaderStream(fmt):
-    """``stream.Signature`` of parsed headers of format ``fmt``: one transfer per packet.
-
-    ``fields`` is a view of ``fmt.layout`` (host-order values); ``has_payload`` is 0 when the
-    packet was exactly the header, in which case no payload beats belong to it.
-    """
-    return stream.Signature(data.StructLayout({"fields": fmt.layout, "has_payload": 1}))
+    """``stream.Signature`` of parsed headers of format ``fmt`` (:func:`HeaderLayout`): one
+    transfer per packet."""
+    return stream.Signature(HeaderLayout(fmt))
 
 
 def _assign(view, fields):

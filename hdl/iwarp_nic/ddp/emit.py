@@ -16,9 +16,9 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from ..exact import Machine, add, eq, is_zero, select, sub, widened, wire, wrap_add, wrap_sub
-from ..hdrparse import HeaderEmitter
+from ..hdrparse import HeaderEmitter, HeaderLayout
 from ..headers import DDP_TAGGED, DDP_UNTAGGED
-from ..stream import BeatStream, check_data_bytes
+from ..stream import BeatStream, SkidBuffer, check_data_bytes
 from .segment import QUEUE, TAGGED_OPCODES
 
 __all__ = ["Message", "Fetch", "SegmentEmitter"]
@@ -53,8 +53,8 @@ class SegmentEmitter(wiring.Component):
         Each ULPDU's length, in order, as its header is planned (before its octets), for the
         FPDU framer.
 
-    Throughput: a segment is planned every two cycles; its octets leave at one beat per cycle
-    behind two header emitters (tagged and untagged) whose outputs are merged in order.
+    Throughput: a segment is planned every two cycles at best; its octets leave at one beat per
+    cycle behind two header emitters (tagged and untagged) whose outputs are merged in order.
     Latency: the fetch is offered two cycles after the message is taken. Back-pressure on any
     output holds the planning; a fetch answered late holds the output.
     """
@@ -75,6 +75,14 @@ class SegmentEmitter(wiring.Component):
         n = self.data_bytes
         m.submodules.tagged = tagged_out = HeaderEmitter(DDP_TAGGED, n)
         m.submodules.untagged = untagged_out = HeaderEmitter(DDP_UNTAGGED, n)
+        # Headers reach the emitters through register slices: the planner then never waits on
+        # a ready that depends on the output's.
+        heads = {}
+        for name, emitter, fmt in (("tagged", tagged_out, DDP_TAGGED),
+                                   ("untagged", untagged_out, DDP_UNTAGGED)):
+            m.submodules[f"{name}_slice"] = cut = SkidBuffer(HeaderLayout(fmt))
+            wiring.connect(m, cut.o, emitter.i_header)
+            heads[name] = cut.i
         # Which emitter each payload packet and each output packet belongs to (1: tagged).
         m.submodules.payload_route = payload_route = SyncFIFOBuffered(width=1, depth=_DEPTH)
         m.submodules.output_route = output_route = SyncFIFOBuffered(width=1, depth=_DEPTH)
@@ -85,8 +93,11 @@ class SegmentEmitter(wiring.Component):
         tagged = wire(m, Cat(eq(msg.opcode, op) for op in TAGGED_OPCODES).any(), "tagged")
         step = wire(m, Mux(tagged, sub(self.max_ulpdu, DDP_TAGGED.length),
                            sub(self.max_ulpdu, DDP_UNTAGGED.length)), "step")
-        last = wire(m, left <= widened(m, step, 32, "step_wide"), "last")
-        size = wire(m, Mux(last, left[:16], step), "size")
+        # The next segment's size and whether it is the last, kept as registers (SIZE works
+        # them out, PLAN issues the segment).
+        last, size, has_payload = Signal(), Signal(16), Signal()
+        next_last = wire(m, left <= widened(m, step, 32, "step_wide"), "next_last")
+        next_size = wire(m, Mux(next_last, left[:16], step), "next_size")
         fetch, length = self.o_fetch, self.o_length
 
         for out in (fetch, length):
@@ -94,37 +105,39 @@ class SegmentEmitter(wiring.Component):
                 m.d.sync += out.valid.eq(0)
 
         # The header of the planned segment, for both emitters.
-        for emitter, fmt in ((tagged_out, DDP_TAGGED), (untagged_out, DDP_UNTAGGED)):
-            f = emitter.i_header.payload.fields
+        for head, fmt in ((heads["tagged"], DDP_TAGGED), (heads["untagged"], DDP_UNTAGGED)):
+            f = head.payload.fields
             m.d.comb += [f.t.eq(fmt is DDP_TAGGED), f.l.eq(last), f.dv.eq(1), f.rv.eq(1),
-                         f.opcode.eq(msg.opcode),
-                         emitter.i_header.payload.has_payload.eq(~is_zero(size))]
+                         f.opcode.eq(msg.opcode), head.payload.has_payload.eq(has_payload)]
         m.d.comb += [
-            tagged_out.i_header.payload.fields.stag.eq(msg.stag),
-            tagged_out.i_header.payload.fields.to.eq(wrap_add(m, msg.to, offset, 64, "to")),
-            untagged_out.i_header.payload.fields.inv_stag.eq(msg.inv_stag),
-            untagged_out.i_header.payload.fields.qn.eq(
+            heads["tagged"].payload.fields.stag.eq(msg.stag),
+            heads["tagged"].payload.fields.to.eq(wrap_add(m, msg.to, offset, 64, "to")),
+            heads["untagged"].payload.fields.inv_stag.eq(msg.inv_stag),
+            heads["untagged"].payload.fields.qn.eq(
                 select(m, msg.opcode, QUEUE, 32, "qn")),
-            untagged_out.i_header.payload.fields.msn.eq(msg.msn),
-            untagged_out.i_header.payload.fields.mo.eq(offset),
+            heads["untagged"].payload.fields.msn.eq(msg.msn),
+            heads["untagged"].payload.fields.mo.eq(offset),
         ]
 
-        plan = Machine(m, ["TAKE", "PLAN"], "plan")
+        plan = Machine(m, ["TAKE", "SIZE", "PLAN"], "plan")
         with plan.state("TAKE"):
             m.d.comb += self.i_message.ready.eq(1)
             with m.If(self.i_message.valid):
                 m.d.sync += [msg.eq(self.i_message.payload), offset.eq(0),
                              left.eq(self.i_message.payload.length)]
-                plan.goto("PLAN")
+                plan.goto("SIZE")
+        with plan.state("SIZE"):
+            m.d.sync += [last.eq(next_last), size.eq(next_size),
+                         has_payload.eq(~is_zero(next_size))]
+            plan.goto("PLAN")
         with plan.state("PLAN"):
-            header_ready = Mux(tagged, tagged_out.i_header.ready, untagged_out.i_header.ready)
+            header_ready = Mux(tagged, heads["tagged"].ready, heads["untagged"].ready)
             free = (header_ready & ~fetch.valid & ~length.valid & payload_route.w_rdy
                     & output_route.w_rdy)
             with m.If(free):
-                has_payload = ~is_zero(size)
                 m.d.comb += [
-                    tagged_out.i_header.valid.eq(tagged),
-                    untagged_out.i_header.valid.eq(~tagged),
+                    heads["tagged"].valid.eq(tagged),
+                    heads["untagged"].valid.eq(~tagged),
                     payload_route.w_en.eq(has_payload), payload_route.w_data.eq(tagged),
                     output_route.w_en.eq(1), output_route.w_data.eq(tagged),
                 ]
@@ -139,6 +152,8 @@ class SegmentEmitter(wiring.Component):
                 ]
                 with m.If(last):
                     plan.goto("TAKE")
+                with m.Else():
+                    plan.goto("SIZE")
 
         # Payload packets to their emitter, output packets from theirs, in order.
         to_tagged = payload_route.r_data[0]
