@@ -128,7 +128,11 @@ class ReadResponder(wiring.Component):
                 stage.goto("CHECK")
         with stage.state("CHECK"):
             with m.If(free):
-                m.d.sync += sink_wraps.eq(wraps)
+                # The lookup's fields load whatever the verdict (only `valid` waits on it).
+                p = lookup.payload
+                m.d.sync += [sink_wraps.eq(wraps), p.stag.eq(request.src_stag),
+                             p.to.eq(request.src_to), p.length.eq(request.size),
+                             p.access.eq(Access.REMOTE_READ), p.pd.eq(self.pd)]
                 with m.If(dead):
                     stage.goto("TAKE")
                 with m.Elif((hdr.msn != expected) | (used >= self.ird)):
@@ -140,10 +144,7 @@ class ReadResponder(wiring.Component):
                         m.d.sync += source.eq(0)
                         stage.goto("SEND")
                     with m.Else():
-                        p = lookup.payload
-                        m.d.sync += [lookup.valid.eq(1), p.stag.eq(request.src_stag),
-                                     p.to.eq(request.src_to), p.length.eq(request.size),
-                                     p.access.eq(Access.REMOTE_READ), p.pd.eq(self.pd)]
+                        m.d.sync += lookup.valid.eq(1)
                         stage.goto("LOOKUP")
         with stage.state("LOOKUP"):
             m.d.comb += result.ready.eq(1)
