@@ -12,8 +12,8 @@ from contextlib import contextmanager
 
 from amaranth import Cat, Const, Mux, Signal, Value
 
-__all__ = ["mask", "eq", "ne", "lt", "gt", "add", "sub", "wrap_add", "wrap_sub", "is_zero",
-           "select", "Machine", "wire", "shift_right", "widened"]
+__all__ = ["mask", "eq", "one_of", "ne", "lt", "gt", "add", "sub", "wrap_add", "wrap_sub",
+           "is_zero", "select", "Machine", "wire", "shift_right", "widened"]
 
 
 def mask(width):
@@ -31,6 +31,11 @@ def eq(a, value):
     if not 0 <= value <= mask(w):
         raise ValueError(f"{value} does not fit {w} bits")
     return a == Const(value, w) if _top_set(value, w) else ~a == Const(~value & mask(w), w)
+
+
+def one_of(a, values):
+    """``a`` equals one of the ints ``values``."""
+    return Cat(eq(a, v) for v in values).any()
 
 
 def ne(a, value):

@@ -1,5 +1,6 @@
 # amaranth: UnusedElaboratable=no
-"""WritePlacer, behind a SegmentParser, against the model at 1, 8 and 64 bytes.
+"""SegmentPlacer's RDMA Writes, behind a SegmentParser, against the model at 1, 8 and 64
+bytes (queue 0 and Read Responses are test_ddp_engine's).
 
 The STag table is the model's ``MrTable`` (a testbench answers the placer's lookups with
 ``MrTable.check``, after random delays): regions of two protection domains with every
@@ -21,8 +22,8 @@ from amaranth.back import verilog
 from amaranth.lib import wiring
 
 from iwarp_model.mr import Access
-from iwarp_model.wire.rdmap import Opcode, ReadRequest, Segment
-from iwarp_nic.ddp.placement import WritePlacer
+from iwarp_model.wire.rdmap import AtomicRequest, Opcode, ReadRequest, Segment
+from iwarp_nic.ddp.placement import SegmentPlacer
 from iwarp_nic.ddp.segment import SegmentParser
 from iwarp_nic.errors import OFFENDING_BYTES, TerminateCode
 from iwarp_tb import toolchain
@@ -38,7 +39,7 @@ class Chain(wiring.Component):
 
     def __init__(self, n):
         self.parser = SegmentParser(n)
-        self.placer = WritePlacer(n, fifo_beats=max(64, 4200 // n))
+        self.placer = SegmentPlacer(n, fifo_beats=max(64, 4200 // n))
         super().__init__({})
 
     def elaborate(self, platform):
@@ -97,10 +98,8 @@ def writes(rng, memory):
 
 
 def others(rng):
-    return [Segment(Opcode.SEND, rng.randbytes(rng.randrange(300)), msn=rng.getrandbits(32)
-                    ).encode(),
-            Segment(Opcode.READ_RESPONSE, rng.randbytes(rng.randrange(300)), stag=5,
-                    to=rng.getrandbits(64)).encode(),
+    return [Segment(Opcode.ATOMIC_REQUEST, msn=2, header=AtomicRequest.fetch_add(
+                        1, 2, 8 * rng.getrandbits(20), rng.getrandbits(64))).encode(),
             Segment(Opcode.READ_REQUEST, msn=1, header=ReadRequest(1, 2, 3, 4, 5)).encode()]
 
 
@@ -173,6 +172,8 @@ def simulate(n, memory, stream, *, seed, idle=IDLE, stall=STALL):
         receiver("payloads", placer.o_payload, sum(bool(p) for _, p in forwarded), 5,
                  packets=True),
         receiver("faults", placer.o_fault, int(fault is not None), 6),
+        receiver("completions", placer.o_complete, 0, 7),
+        receiver("reads", placer.o_read_done, 0, 8),
     ]
     run(dut, source, table, *benches, name=f"ddp_placement_w{n}")
     assert [(p["addr"], bytes(d)) for p, d in zip(got["places"], got["data"])] == placed
@@ -236,5 +237,5 @@ def test_parser_fault(n):
 def test_lint(tmp_path):
     toolchain.setup()
     path = tmp_path / "placer.v"
-    path.write_text(verilog.convert(WritePlacer(8), name="placer"))
+    path.write_text(verilog.convert(SegmentPlacer(8), name="placer"))
     assert lint(path) == ""

@@ -1,8 +1,8 @@
 # amaranth: UnusedElaboratable=no
-"""StreamReceiver (deframer, segment parser, Write placer, STag table) against the model.
+"""StreamReceiver (deframer, segment parser, segment placer, STag table) against the model.
 
 The model frames a stream of segments (RDMA Writes of 0 octets to 4 KiB, or 64 KiB less the
-header, into regions of the stream's PD, Sends, Read Requests, Read Responses), with CRC and
+header, into regions of the stream's PD, Read Requests, Atomic Requests), with CRC and
 markers each on and off; the octets go in as chunks of random sizes, with random idles and
 stalls on every output. The STag table is loaded from the model's ``MrTable`` through
 ``i_write``. Each Write must be placed at its host address with its payload, the other
@@ -17,13 +17,21 @@ import pytest
 
 from iwarp_model.mr import Access
 from iwarp_model.wire.fpdu import Framer
-from iwarp_model.wire.rdmap import Opcode, ReadRequest, Segment
+from iwarp_model.wire.rdmap import AtomicRequest, Opcode, ReadRequest, Segment
 from iwarp_nic.ddp.receive import StreamReceiver
 from iwarp_nic.errors import TerminateCode
 from iwarp_nic.mpa.deframer import ErrorKind
 from iwarp_tb.amsim import run
+from iwarp_tb.receive import configure
 from iwarp_tb.stags import HostTable
-from iwarp_tb.streams import AmaranthBus, StreamPort, recv, recv_packets, send_packets
+from iwarp_tb.streams import (
+    AmaranthBus,
+    StreamPort,
+    recv,
+    recv_packets,
+    send_packets,
+    tcp_chunks,
+)
 
 IDLE = STALL = 0.2
 
@@ -53,25 +61,14 @@ def traffic(rng, table, count, longest=4096):
         pick = rng.random()
         if pick < 0.7:
             out.append(table.good_write(rng, longest))
-        elif pick < 0.8:
-            out.append(Segment(Opcode.SEND, rng.randbytes(rng.randrange(200)),
-                               msn=rng.getrandbits(32)).encode())
-        elif pick < 0.9:
-            out.append(Segment(Opcode.READ_RESPONSE, rng.randbytes(rng.randrange(200)),
-                               stag=rng.getrandbits(32), to=rng.getrandbits(64)).encode())
+        elif pick < 0.85:
+            out.append(Segment(Opcode.ATOMIC_REQUEST, msn=rng.getrandbits(32),
+                               header=AtomicRequest.cmp_swap(*(rng.getrandbits(b) for b in
+                                                               (32, 32, 64, 64, 64)))).encode())
         else:
             out.append(Segment(Opcode.READ_REQUEST, msn=rng.getrandbits(32),
                                header=ReadRequest(*(rng.getrandbits(b) for b in
                                                     (32, 64, 32, 32, 64)))).encode())
-    return out
-
-
-def chunks(rng, octets):
-    out, at = [], 0
-    while at < len(octets):
-        size = rng.choice([1, 7, 64, 1000, 1460])
-        out.append(octets[at:at + size])
-        at += size
     return out
 
 
@@ -92,19 +89,9 @@ def simulate(n, table, ulpdus, *, crc, markers, seed, corrupt=None, fifo_bytes=1
 
     async def source(ctx):
         bus = AmaranthBus(ctx)
-        ctx.set(dut.crc, crc)
-        ctx.set(dut.markers, markers)
-        ctx.set(dut.max_ulpdu, 0xFFFF)
-        ctx.set(dut.pd, table.pd.handle)
-        writes = [table.write(r) for r in table.regions]
-        for write in writes:
-            ctx.set(dut.i_write.payload.index, write["index"])
-            for name, value in write["entry"].items():
-                ctx.set(dut.i_write.payload.entry[name], value)
-            ctx.set(dut.i_write.valid, 1)
-            await ctx.tick()
-        ctx.set(dut.i_write.valid, 0)
-        await send_packets(bus, StreamPort.amaranth(dut.i), chunks(rng, b"".join(fpdus)), n,
+        await configure(ctx, dut, [table.write(r) for r in table.regions], table.pd.handle,
+                        crc=crc, markers=markers)
+        await send_packets(bus, StreamPort.amaranth(dut.i), tcp_chunks(rng, b"".join(fpdus)), n,
                            rng=random.Random(seed + 1), idle=idle)
         for _ in range(400):
             await ctx.tick()
@@ -132,6 +119,8 @@ def simulate(n, table, ulpdus, *, crc, markers, seed, corrupt=None, fifo_bytes=1
         receiver("payloads", dut.o_payload, sum(bool(p) for _, p in forwarded), 5, True),
         receiver("faults", dut.o_fault, int(fault is not None), 6),
         receiver("errors", dut.o_error, int(corrupt is not None), 7),
+        receiver("completions", dut.o_complete, 0, 8),
+        receiver("reads", dut.o_read_done, 0, 9),
     ]
     run(dut, source, *benches, name=f"ddp_receive_w{n}")
     assert [(p["addr"], bytes(d)) for p, d in zip(got["places"], got["data"])] == placed

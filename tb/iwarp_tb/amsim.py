@@ -9,8 +9,11 @@ from .toolchain import BUILD
 __all__ = ["run"]
 
 
-def run(dut, *testbenches, name=None, vcd=None, clock_period=8e-9, clocks=None):
+def run(dut, *testbenches, name=None, vcd=None, clock_period=8e-9, clocks=None, monitors=()):
     """Simulate ``dut`` with a ``sync`` clock until every testbench returns.
+
+    ``monitors`` are testbenches that run in the background: the simulation ends without
+    waiting for them (outputs collected for as long as the stimulus lasts).
 
     ``clocks`` adds clocks for other domains: ``{domain: period}`` (in seconds).
 
@@ -24,6 +27,8 @@ def run(dut, *testbenches, name=None, vcd=None, clock_period=8e-9, clocks=None):
         sim.add_clock(period, domain=domain)
     for tb in testbenches:
         sim.add_testbench(tb)
+    for tb in monitors:
+        sim.add_testbench(tb, background=True)
     if vcd is None:
         vcd = os.environ.get("IWARP_VCD") == "1"
     if vcd:

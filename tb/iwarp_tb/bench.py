@@ -135,17 +135,17 @@ def iwarp_fits():
     from iwarp_nic.ddp import (
         SegmentEmitter,
         SegmentParser,
+        SegmentPlacer,
         StagTable,
         StreamReceiver,
         StreamSender,
-        WritePlacer,
     )
     from iwarp_nic.mpa import FpduDeframer, FpduFramer
     from iwarp_nic.rdmap import ReadResponder, TerminateEmitter, TerminateParser
 
     for label, block in (("MPA framer", FpduFramer), ("MPA deframer", FpduDeframer),
                          ("DDP segment parser", SegmentParser),
-                         ("DDP write placer", WritePlacer),
+                         ("DDP segment placer", SegmentPlacer),
                          ("DDP receive", StreamReceiver),
                          ("DDP segment emitter", SegmentEmitter), ("DDP send", StreamSender),
                          ("RDMAP Terminate emitter", TerminateEmitter),

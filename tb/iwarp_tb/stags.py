@@ -11,11 +11,11 @@ import random
 from iwarp_model.engine import _TAGGED_CODES, _code_of
 from iwarp_model.mr import Access, AccessError, MrTable, stag_index, stag_key
 from iwarp_model.wire.errors import WireError
-from iwarp_model.wire.rdmap import Opcode, decode_segment
+from iwarp_model.wire.rdmap import QUEUE_OF, Opcode, Queue, decode_segment
 from iwarp_model.wire.terminate import error_code_for
 from iwarp_nic.ddp.stag import Fault
 
-__all__ = ["HostTable", "FAULT_OF"]
+__all__ = ["HostTable", "FAULT_OF", "load_table"]
 
 #: The fault the gateware reports for each of the model's exceptions.
 FAULT_OF = {"InvalidStag": Fault.INVALID_STAG, "StagInvalidated": Fault.INVALIDATED,
@@ -25,12 +25,13 @@ FAULT_OF = {"InvalidStag": Fault.INVALID_STAG, "StagInvalidated": Fault.INVALIDA
 
 
 class HostTable:
-    """A model table of ``size`` indices with ``pds`` protection domains; ``rng`` picks each
-    index's host address."""
+    """A model table of ``size`` indices with ``pds`` protection domains, or the existing
+    ``table`` (a device's, with its own PDs); ``rng`` picks each index's host address."""
 
-    def __init__(self, rng: random.Random, size: int, pds: int = 3):
+    def __init__(self, rng: random.Random, size: int = 64, pds: int = 3, *,
+                 table: MrTable | None = None):
         self.rng = rng
-        self.table = MrTable(size)
+        self.table = MrTable(size) if table is None else table
         self.pds = [self.table.alloc_pd() for _ in range(pds)]
         self.by_handle = {pd.handle: pd for pd in self.pds}
         self.host = {}
@@ -78,13 +79,17 @@ class HostTable:
         ``pd_handle``, up to the first error: ``(placed, forwarded, fault)``, with ``placed``
         the (host address, payload) of each RDMA Write, ``forwarded`` the (opcode, payload or
         None) of each other segment, and ``fault`` None or the (Terminate code, ULPDU) of the
-        first violation (the engine's ``_TAGGED_CODES`` for a failed check)."""
+        first violation (the engine's ``_TAGGED_CODES`` for a failed check). The stream has
+        no queue 0 segment and no Read Response: those need posted receives or outstanding
+        Reads, and the engine itself as the oracle."""
         placed, forwarded = [], []
         for ulpdu in ulpdus:
             try:
                 segment = decode_segment(ulpdu)
             except WireError as error:
                 return placed, forwarded, (error_code_for(error), ulpdu)
+            assert QUEUE_OF.get(segment.opcode) != Queue.SEND and \
+                segment.opcode != Opcode.READ_RESPONSE, "this segment needs the engine"
             if segment.opcode != Opcode.WRITE:
                 forwarded.append((int(segment.opcode),
                                   segment.payload if segment.header is None else None))
@@ -99,3 +104,15 @@ class HostTable:
             placed.append((self.check(segment.stag, segment.to, len(segment.payload),
                                       Access.REMOTE_WRITE, pd_handle)[1], segment.payload))
         return placed, forwarded, None
+
+
+async def load_table(ctx, port, writes):
+    """Make the :meth:`HostTable.write` ``writes`` through the gateware table's ``i_write``
+    ``port``, one per cycle (the table takes writes at once)."""
+    for write in writes:
+        ctx.set(port.payload.index, write["index"])
+        for name, value in write["entry"].items():
+            ctx.set(port.payload.entry[name], value)
+        ctx.set(port.valid, 1)
+        await ctx.tick()
+    ctx.set(port.valid, 0)

@@ -19,7 +19,7 @@ from typing import Any
 from .beats import Beat, Packet, from_beats, to_beats
 
 __all__ = ["AmaranthBus", "CocotbBus", "StreamPort", "send", "recv", "send_packets",
-           "recv_packets", "StreamTimeout"]
+           "recv_packets", "StreamTimeout", "tcp_chunks", "collector", "until_quiet"]
 
 # AXI-Stream signal suffix for each beat field (iwarp_nic.axis uses the same names).
 AXIS_SUFFIX = {"data": "tdata", "keep": "tkeep", "last": "tlast", "err": "tuser"}
@@ -148,3 +148,38 @@ async def recv_packets(bus, port: StreamPort, count: int, data_bytes: int, **kw)
     got = await recv(bus, port, count, packets=True, **kw)
     return from_beats((Beat(t["data"], t["keep"], t["last"], t.get("err", 0)) for t in got),
                       data_bytes)
+
+
+def tcp_chunks(rng: random.Random, octets: bytes, sizes=(1, 7, 64, 1000, 1460)) -> list[bytes]:
+    """``octets`` cut into pieces of sizes drawn from ``sizes``, as TCP may deliver a stream."""
+    out, at = [], 0
+    while at < len(octets):
+        size = rng.choice(sizes)
+        out.append(octets[at:at + size])
+        at += size
+    return out
+
+
+def collector(got: dict, key, port, *, data_bytes: int | None = None,
+              rng: random.Random | None = None, stall: float = 0.0):
+    """An Amaranth testbench that takes whatever the output ``port`` offers, for ever, into
+    ``got[key]``: transfers, or whole packets of ``data_bytes`` beats. Run it as a monitor."""
+    async def bench(ctx):
+        bus, stream_port = AmaranthBus(ctx), StreamPort.amaranth(port)
+        got[key] = []
+        while True:
+            if data_bytes:
+                got[key] += await recv_packets(bus, stream_port, 1, data_bytes, rng=rng,
+                                               stall=stall, timeout=1 << 30)
+            else:
+                got[key] += await recv(bus, stream_port, 1, rng=rng, stall=stall,
+                                       timeout=1 << 30)
+    return bench
+
+
+async def until_quiet(ctx, ports, cycles: int):
+    """Tick until none of the Amaranth ``ports`` has offered anything for ``cycles`` cycles."""
+    quiet = 0
+    while quiet < cycles:
+        await ctx.tick()
+        quiet = 0 if any(ctx.get(port.valid) for port in ports) else quiet + 1

@@ -2,7 +2,15 @@
 and emitted, and the tagged-buffer checks of RFC 5041 and RFC 5042 before placement."""
 
 from .emit import Fetch, Message, SegmentEmitter
-from .placement import PlaceRequest, WritePlacer
+from .placement import (
+    CompletionStatus,
+    OutstandingRead,
+    PlaceRequest,
+    PostedReceive,
+    ReadDone,
+    ReceiveCompletion,
+    SegmentPlacer,
+)
 from .receive import StreamReceiver
 from .segment import HEAD_BYTES, SegmentHeader, SegmentParser
 from .send import StreamSender
@@ -18,6 +26,7 @@ from .stag import (
 )
 
 __all__ = ["StreamReceiver", "StreamSender", "SegmentEmitter", "Message", "Fetch",
-           "SegmentParser", "SegmentHeader", "HEAD_BYTES", "WritePlacer", "PlaceRequest",
+           "SegmentParser", "SegmentHeader", "HEAD_BYTES", "SegmentPlacer", "PlaceRequest",
+           "PostedReceive", "CompletionStatus", "ReceiveCompletion", "OutstandingRead", "ReadDone",
            "StagTable", "Access", "Fault", "Entry", "StagWrite", "LookupRequest",
            "LookupResult", "InvalidateRequest"]

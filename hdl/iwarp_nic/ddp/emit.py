@@ -9,13 +9,13 @@ segment, one empty segment for an empty message. It asks for each segment's payl
 puts the DDP header in front.
 """
 
-from amaranth import Cat, Module, Mux, Signal, unsigned
+from amaranth import Module, Mux, Signal, unsigned
 from amaranth.lib import stream, wiring
 from amaranth.lib.data import StructLayout
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
-from ..exact import Machine, add, eq, is_zero, select, sub, widened, wire, wrap_add, wrap_sub
+from ..exact import Machine, add, is_zero, one_of, select, sub, widened, wire, wrap_add, wrap_sub
 from ..hdrparse import HeaderEmitter, HeaderLayout
 from ..headers import DDP_TAGGED, DDP_UNTAGGED
 from ..stream import BeatStream, SkidBuffer, check_data_bytes
@@ -90,7 +90,7 @@ class SegmentEmitter(wiring.Component):
         msg = Signal(Message)
         offset = Signal(32)
         left = Signal(32)
-        tagged = wire(m, Cat(eq(msg.opcode, op) for op in TAGGED_OPCODES).any(), "tagged")
+        tagged = wire(m, one_of(msg.opcode, TAGGED_OPCODES), "tagged")
         step = wire(m, Mux(tagged, sub(self.max_ulpdu, DDP_TAGGED.length),
                            sub(self.max_ulpdu, DDP_UNTAGGED.length)), "step")
         # The next segment's size and whether it is the last, kept as registers (SIZE works

@@ -1,46 +1,99 @@
-"""Tagged placement of RDMA Writes: RFC 5041 sections 3 and 7.2 (tagged buffer errors) and
-RFC 5040 sections 5.1, 6 and 7 (access rights), with the checks RFC 5042 sections 5 and 6 ask
-for before any octet is placed.
+"""Placement of what a stream receives: RFC 5041 sections 3, 4 and 7.2 (tagged placement,
+untagged queue 0 placement into posted buffers, MSN/MO, their errors), RFC 5040 sections 5.1
+to 5.3, 6 and 7 (RDMA Write, Read Response, Send and its SE and Invalidate variants, remote
+invalidation, access rights), RFC 7306 section 6 (Immediate Data), with the checks RFC 5042
+sections 5 and 6 ask for before any octet is placed.
 
-:class:`WritePlacer` stands between the :class:`~.segment.SegmentParser` and host memory. Each
-good RDMA Write segment with a payload is looked up in the STag table (STag, TO, length, Remote
-Write, the stream's PD); it becomes a placement request (host address, length, then the
-payload) only if every check passes, as the model's ``MrTable.check`` orders them. A failed
-check, or a segment the parser found bad, becomes a Terminate request with the RFC 6580 code
-the model's engine sends (tagged faults are DDP's, access rights RDMAP's, RFC 5040 7.1), and
-the stream places nothing from then on. Other good segments go on, unchanged, to the stages
-that handle them.
+:class:`SegmentPlacer` stands between the :class:`~.segment.SegmentParser` and host memory. It
+decides, one segment at a time in stream order, where each payload goes, exactly as the model's
+engine does (``Connection._on_write`` and ``_on_untagged``):
+
+* an RDMA Write with a payload is looked up in the STag table (STag, TO, length, Remote Write,
+  the stream's PD) and placed at the host address of its TO;
+* an RDMA Read Response must answer the oldest outstanding Read: its Data Sink STag, the TO
+  that continues what has arrived, within the Read's size; it is looked up (Local Write) and
+  placed; the last one must complete the size, and the Read is done;
+* a Send of any variant or Immediate Data (queue 0) must carry the queue's next MSN; the first
+  segment of a message (MO 0) takes the next posted receive, whose buffer is looked up (Local
+  Write, all of it), and invalidates the STag of a Send with Invalidate; every segment must
+  continue at the MO received so far and fit the buffer; its payload is placed at the buffer's
+  host address plus its MO; the last one completes the receive;
+* every other good segment goes on, unchanged, to the stages that handle it.
+
+The first violation becomes a Terminate request with the RFC 6580 code the model's engine sends
+(tagged faults are DDP's, access rights RDMAP's, RFC 5040 7.1), and the stream places nothing
+from then on.
 """
 
-from amaranth import Module, Signal
-from amaranth.lib import stream, wiring
+from amaranth import Cat, Module, Mux, Signal
+from amaranth.lib import enum, stream, wiring
 from amaranth.lib.data import StructLayout
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from ..errors import OFFENDING_BYTES, TerminateCode, Violation
-from ..exact import Machine, eq
+from ..exact import Machine, add, eq, is_zero, one_of, widened, wire, wrap_add
 from ..fifo import PacketFifo
+from ..headers import DDP_UNTAGGED
 from ..stream import BeatStream, check_data_bytes
-from .segment import SegmentHeader
-from .stag import Access, Fault, LookupRequest, LookupResult
+from .segment import INVALIDATE_OPCODES, QUEUE, SegmentHeader
+from .stag import Access, Fault, InvalidateRequest, LookupRequest, LookupResult
 
-__all__ = ["PlaceRequest", "WritePlacer"]
+__all__ = ["PlaceRequest", "PostedReceive", "CompletionStatus", "ReceiveCompletion",
+           "OutstandingRead", "ReadDone", "SegmentPlacer"]
 
-_WRITE = 0
+_WRITE, _READ_RESPONSE = 0, 2
+_QUEUE_0 = tuple(op for op, qn in QUEUE.items() if qn == 0)
+_IMMEDIATE = (8, 9)                 # Immediate Data, with SE
+_SOLICITED = (5, 6, 9)              # Send with SE, with SE and Invalidate, Immediate Data with SE
 
 
 #: A placement: ``length`` octets (1 or more) to write at host address ``addr``; the octets
 #: follow as one packet on the data stream.
 PlaceRequest = StructLayout({"addr": 64, "length": 16})
 
+#: A receive posted on the stream's queue 0: ``id`` names it in its completion; with ``sges``
+#: 1 its buffer is ``length`` octets at ``addr`` of the region of STag ``lkey``, with ``sges``
+#: 0 it has none (it takes only empty messages and Immediate Data).
+PostedReceive = StructLayout({"id": 16, "sges": 1, "lkey": 32, "addr": 64, "length": 32})
 
-#: What the placer does with a segment's payload packet.
-_Route = StructLayout({"place": 1, "forward": 1, "addr": 64, "length": 16})
+
+class CompletionStatus(enum.Enum, shape=3):
+    """How a receive or a Read ended: the values of ``enum ibv_wc_status``."""
+
+    SUCCESS = 0
+    LOC_LEN_ERR = 1     # the message is longer than the receive's buffer
+    LOC_PROT_ERR = 4    # the buffer failed its check (STag, PD, bounds, Local Write)
 
 
-class WritePlacer(wiring.Component):
-    """Check the RDMA Writes of one stream and turn them into placement requests.
+#: A receive is done: ``byte_len`` octets were placed; ``imm_data`` (with ``with_imm``) of an
+#: Immediate Data message, ``invalidated`` (with ``with_inv``) the STag a Send with Invalidate
+#: invalidated; ``solicited`` for the SE variants. The model's ``QP.complete_recv`` arguments.
+ReceiveCompletion = StructLayout({
+    "id": 16, "status": CompletionStatus, "byte_len": 32, "with_imm": 1, "imm_data": 64,
+    "with_inv": 1, "invalidated": 32, "solicited": 1,
+})
+
+#: A Read or atomic this end asked for, oldest first, as its request was sent: for a Read
+#: (``atomic`` 0) its Data Sink, ``size`` octets at ``to`` under ``stag``; ``id`` names it in
+#: its :data:`ReadDone`, given only with ``complete`` (not for the RTR Read of RFC 6581).
+OutstandingRead = StructLayout({"atomic": 1, "complete": 1, "id": 16, "stag": 32, "to": 64,
+                                "size": 32})
+
+#: A Read is done: all of its Read Response placed (``SUCCESS``), or its sink failed the
+#: Local Write check (``LOC_PROT_ERR``, the stream ends).
+ReadDone = StructLayout({"id": 16, "status": CompletionStatus})
+
+#: What the placer does with a segment: ``packet`` says a payload packet belongs to it, which
+#: is placed at ``addr`` (``place``), forwarded (``forward``) or dropped; then, with
+#: ``complete``, ``completion`` is offered, or with ``read_done`` the Read's id and status
+#: from it.
+_Route = StructLayout({"packet": 1, "place": 1, "forward": 1, "addr": 64, "length": 16,
+                       "complete": 1, "read_done": 1, "completion": ReceiveCompletion})
+
+
+class SegmentPlacer(wiring.Component):
+    """Check the segments of one stream and turn their payloads into placement requests.
 
     Ports
     -----
@@ -49,33 +102,77 @@ class WritePlacer(wiring.Component):
         are stored as they come (a segment's before its header), in a FIFO of ``fifo_beats``.
     pd : In(pd_bits)
         The protection domain of the stream's QP.
+    i_receive : In(stream.Signature(PostedReceive))
+        The receives posted on queue 0, in order; one is taken per message.
+    receive_pending : In(1)
+        A receive is posted that ``i_receive`` does not offer yet (it is being fetched): a
+        message that finds ``i_receive`` empty waits for it instead of being refused.
+    i_outstanding : In(stream.Signature(OutstandingRead))
+        The Reads and atomics this end has outstanding, oldest first, each offered from when
+        its request is sent (long before an answer can come); one is taken when its Read
+        Response is complete.
     o_lookup, i_lookup : Out(stream.Signature(LookupRequest(pd_bits))),
                          In(stream.Signature(LookupResult))
-        To and from the STag table: one lookup per good Write with a payload, with Remote Write
-        access; the results come back in order.
+        To and from the STag table: a lookup per good Write with a payload (Remote Write), per
+        Read Response with a payload and per receive with a buffer (Local Write, the whole
+        buffer); one at a time.
+    o_invalidate, i_invalidate : Out(stream.Signature(InvalidateRequest(pd_bits))),
+                                 In(stream.Signature(LookupResult))
+        To and from the STag table: the STag of a Send with Invalidate, on the message's first
+        segment, after its receive's lookup.
     o_place, o_data : Out(stream.Signature(PlaceRequest)), Out(BeatStream(data_bytes))
-        A placement request per checked Write, then its payload as one packet.
+        A placement request per checked payload, then the payload as one packet.
+    o_complete : Out(stream.Signature(ReceiveCompletion))
+        A completion per receive taken, after the last placement of its message: success, or
+        LOC_LEN_ERR (too long) or LOC_PROT_ERR (bad buffer), which also end the stream.
+    o_read_done : Out(stream.Signature(ReadDone))
+        A Read is done, after the last placement of its Read Response.
     o_fault : Out(stream.Signature(Violation))
-        One Terminate request, for the first segment the parser found bad or whose lookup
-        failed: codes DDP Invalid STag (also for an invalidated STag), Base or bounds,
-        STag not associated with RDMAP stream, TO wrap; RDMAP access rights; or the parser's.
+        One Terminate request, for the first segment the parser found bad or that fails here:
+
+        ==========================================  =========================================
+        violation                                   code
+        ==========================================  =========================================
+        Write: STag unknown, other key, invalidated  DDP Invalid STag
+        Write: STag of another PD                   DDP STag not associated with RDMAP stream
+        Write: TO + length past 2**64               DDP TO wrap
+        Write: outside the region                   DDP Base or bounds
+        Write: no Remote Write right                RDMAP Access rights
+        Read Response: no Read outstanding (or an   RDMAP Unexpected OpCode
+        atomic is the oldest)
+        Read Response: not the Read's sink STag     DDP Invalid STag
+        Read Response: not the next TO, or past     DDP Base or bounds
+        the Read's size
+        Read Response: its sink fails the check     as for a Write, Local Write for Remote
+        Read Response: the last one short           RDMAP Catastrophic, RDMAP stream
+        queue 0: MSN not the next                   DDP Invalid MSN, MSN range is not valid
+        queue 0: MO not 0 (new) or not continuing   DDP Invalid MO
+        queue 0: no receive posted                  DDP Invalid MSN, no buffer available
+        queue 0: the receive's buffer fails          RDMAP Local Catastrophic (no copies)
+        Invalidate: STag unknown or invalidated     RDMAP Operation, cannot invalidate
+        Invalidate: other PD or not invalidatable   RDMAP Protection, cannot invalidate
+        queue 0: message longer than the buffer     DDP Message too long
+        ==========================================  =========================================
     o_header, o_payload : Out(stream.Signature(SegmentHeader)), Out(BeatStream(data_bytes))
-        Every other good segment (all opcodes but Write), header first, then its payload if it
-        has one.
+        Every other good segment (Read Request, atomics, Terminate), header first, then its
+        payload if it has one.
     dead : Out(1)
         Set from the first error on: an FPDU the deframer marked bad (its error event is the
         deframer's to report) or a Terminate request. Nothing is placed or forwarded after it;
-        payloads are drained.
+        payloads are drained. A receive taken for a message that then failed without its own
+        completion (an MSN, MO or invalidation error after it) is left to the host's flush.
 
-    A zero-length Write places nothing and is not looked up (the model returns early too).
+    A zero-length Write places nothing and is not looked up (the model returns early too); an
+    empty Send places nothing but completes its receive.
 
-    Throughput: a segment's header is decided while the payloads of the ones before are still
-    going out (a queue of three decisions), so placement runs at one payload beat per cycle
-    for segments longer than the decision's few cycles plus the table's latency. Latency: the
-    placement request is offered three cycles after the lookup result arrives, two after the
-    header for other segments. Back-pressure on any output holds the stages behind it; the
-    FIFO then stalls ``i_payload``. A payload packet longer than ``fifo_beats`` would never
-    fit: the deframer's ``max_ulpdu`` must keep segments below it.
+    Throughput: a segment is decided while the payloads of the ones before are still going out
+    (a queue of three decisions), so placement runs at one payload beat per cycle for segments
+    longer than the decision's few cycles plus, for a Write or a message's first segment, the
+    table's latency. Latency: the placement request is offered three cycles after the lookup
+    result arrives, two after the header when there is no lookup. Back-pressure on any output
+    holds the stages behind it; the FIFO then stalls ``i_payload``. A payload packet longer
+    than ``fifo_beats`` would never fit: the deframer's ``max_ulpdu`` must keep segments below
+    it.
     """
 
     def __init__(self, data_bytes, *, pd_bits=16, fifo_beats=512):
@@ -86,10 +183,17 @@ class WritePlacer(wiring.Component):
             "i_header": In(stream.Signature(SegmentHeader)),
             "i_payload": In(BeatStream(data_bytes)),
             "pd": In(pd_bits),
+            "i_receive": In(stream.Signature(PostedReceive)),
+            "receive_pending": In(1),
+            "i_outstanding": In(stream.Signature(OutstandingRead)),
             "o_lookup": Out(stream.Signature(LookupRequest(pd_bits))),
             "i_lookup": In(stream.Signature(LookupResult)),
+            "o_invalidate": Out(stream.Signature(InvalidateRequest(pd_bits))),
+            "i_invalidate": In(stream.Signature(LookupResult)),
             "o_place": Out(stream.Signature(PlaceRequest)),
             "o_data": Out(BeatStream(data_bytes)),
+            "o_complete": Out(stream.Signature(ReceiveCompletion)),
+            "o_read_done": Out(stream.Signature(ReadDone)),
             "o_fault": Out(stream.Signature(Violation)),
             "o_header": Out(stream.Signature(SegmentHeader)),
             "o_payload": Out(BeatStream(data_bytes)),
@@ -114,43 +218,100 @@ class WritePlacer(wiring.Component):
         return m
 
     def _decide(self, m, routes):
-        """Stage 1: each header in turn, looked up if it is a Write, into a route."""
+        """Stage 1: each header in turn, checked (and looked up), into a route."""
         hdr = Signal(SegmentHeader)
         addr = Signal(64)
         route = _Route(routes.w_data)
         lookup, result, fault = self.o_lookup, self.i_lookup, self.o_fault
-        good_write = (hdr.ok & eq(hdr.opcode, _WRITE) & ~self.dead)
-        code = Signal(TerminateCode)
+        inval, inval_result = self.o_invalidate, self.i_invalidate
+
+        # Queue 0: the next MSN, and the message being received.
+        msn = Signal(32, init=1)
+        active = Signal()
+        receive = Signal(PostedReceive)
+        base = Signal(64)               # host address of the buffer's first octet
+        received = Signal(32)           # octets of the message so far: the next MO
+        capacity = wire(m, Mux(receive.sges, receive.length, 0), "capacity")
+        end = Signal(33)                # octets of the message after this segment
+        m.d.comb += end.eq(widened(m, received, 33, "received_33")
+                           + widened(m, hdr.length, 33, "length_33"))
+        too_long = wire(m, end > widened(m, capacity, 33, "capacity_33"), "too_long")
+
+        # Read Responses: the oldest outstanding Read, and how much of it has arrived.
+        head = self.i_outstanding.payload
+        got = Signal(32)
+        got_end = Signal(33)
+        m.d.comb += got_end.eq(widened(m, got, 33, "got_33") + widened(m, hdr.length, 33,
+                                                                      "length_33r"))
+        size = widened(m, head.size, 33, "size_33")
+        sink_to = wrap_add(m, head.to, got, 64, "sink_to")
+
+        queue_0 = hdr.ok & ~hdr.tagged & one_of(hdr.opcode, _QUEUE_0) & ~self.dead
+        read_response = hdr.ok & eq(hdr.opcode, _READ_RESPONSE) & ~self.dead
+        good_write = hdr.ok & eq(hdr.opcode, _WRITE) & ~self.dead
+        immediate = one_of(hdr.opcode, _IMMEDIATE)
+        invalidate = one_of(hdr.opcode, INVALIDATE_OPCODES)
+        # Immediate Data's 8 octets, big-endian, after the untagged header.
+        imm_data = Cat(hdr.head.word_select(DDP_UNTAGGED.length + 7 - k, 8) for k in range(8))
+
+        tagged_code = Signal(TerminateCode)
         with m.Switch(result.payload.fault):
-            for kind, tagged in ((Fault.INVALID_STAG, TerminateCode.DDP_TAGGED_INVALID_STAG),
-                                 (Fault.INVALIDATED, TerminateCode.DDP_TAGGED_INVALID_STAG),
-                                 (Fault.NOT_ASSOCIATED,
-                                  TerminateCode.DDP_TAGGED_STAG_NOT_ASSOCIATED),
-                                 (Fault.TO_WRAP, TerminateCode.DDP_TAGGED_TO_WRAP),
-                                 (Fault.BASE_BOUNDS, TerminateCode.DDP_TAGGED_BASE_BOUNDS)):
+            for kind, code in ((Fault.INVALID_STAG, TerminateCode.DDP_TAGGED_INVALID_STAG),
+                               (Fault.INVALIDATED, TerminateCode.DDP_TAGGED_INVALID_STAG),
+                               (Fault.NOT_ASSOCIATED,
+                                TerminateCode.DDP_TAGGED_STAG_NOT_ASSOCIATED),
+                               (Fault.TO_WRAP, TerminateCode.DDP_TAGGED_TO_WRAP),
+                               (Fault.BASE_BOUNDS, TerminateCode.DDP_TAGGED_BASE_BOUNDS)):
                 with m.Case(kind):
-                    m.d.comb += code.eq(tagged)
+                    m.d.comb += tagged_code.eq(code)
             with m.Default():
-                m.d.comb += code.eq(TerminateCode.RDMAP_ACCESS_RIGHTS)
+                m.d.comb += tagged_code.eq(TerminateCode.RDMAP_ACCESS_RIGHTS)
+        inval_fault = inval_result.payload.fault
+        inval_code = Mux(one_of(inval_fault.as_value(),
+                                (Fault.INVALID_STAG.value, Fault.INVALIDATED.value)),
+                         TerminateCode.RDMAP_OPERATION_CANNOT_INVALIDATE,
+                         TerminateCode.RDMAP_PROTECTION_CANNOT_INVALIDATE)
 
-        with m.If(lookup.ready):
-            m.d.sync += lookup.valid.eq(0)
-        with m.If(fault.ready):
-            m.d.sync += fault.valid.eq(0)
-        with m.If(self.o_header.ready):
-            m.d.sync += self.o_header.valid.eq(0)
+        for port in (lookup, inval, fault, self.o_header):
+            with m.If(port.ready):
+                m.d.sync += port.valid.eq(0)
 
-        def report(with_code):
-            m.d.sync += [fault.valid.eq(1), fault.payload.code.eq(with_code),
-                         fault.payload.offending.eq(hdr.head[:8 * OFFENDING_BYTES]),
-                         fault.payload.offending_length.eq(hdr.ulpdu_length), self.dead.eq(1)]
+        def report(code, copy=True):
+            m.d.sync += [fault.valid.eq(1), fault.payload.code.eq(code), self.dead.eq(1),
+                         fault.payload.offending.eq(hdr.head[:8 * OFFENDING_BYTES] if copy
+                                                    else 0),
+                         fault.payload.offending_length.eq(hdr.ulpdu_length if copy else 0)]
 
-        def push(place, forward, addr=0):
-            m.d.comb += [routes.w_en.eq(hdr.has_payload), route.place.eq(place),
-                         route.forward.eq(forward), route.addr.eq(addr),
-                         route.length.eq(hdr.length)]
+        def push(*, place=0, forward=0, addr=0, status=None, byte_len=0, read=None):
+            """Route this segment's packet; with ``status``, complete the receive after it;
+            with ``read``, end the oldest Read so (with a ReadDone if it asks for one)."""
+            complete = status is not None
+            read_done = head.complete if read is not None else 0
+            c = route.completion
+            m.d.comb += [routes.w_en.eq(hdr.has_payload | complete | read_done), route.packet.eq(
+                hdr.has_payload), route.place.eq(place), route.forward.eq(forward),
+                route.addr.eq(addr), route.length.eq(hdr.length), route.complete.eq(complete),
+                route.read_done.eq(read_done)]
+            if complete:
+                m.d.comb += [c.id.eq(receive.id), c.status.eq(status), c.byte_len.eq(byte_len)]
+            if read is not None:
+                m.d.comb += [c.id.eq(head.id), c.status.eq(read)]
+            if status == CompletionStatus.SUCCESS:
+                m.d.comb += [c.with_imm.eq(immediate), c.imm_data.eq(Mux(immediate, imm_data, 0)),
+                             c.with_inv.eq(invalidate),
+                             c.invalidated.eq(Mux(invalidate, hdr.inv_stag, 0)),
+                             c.solicited.eq(one_of(hdr.opcode, _SOLICITED))]
 
-        stage = Machine(m, ["TAKE", "DECIDE", "LOOKUP", "ROUTE"], "decide")
+        def ask(stag, to, length, access):
+            p = lookup.payload
+            m.d.sync += [lookup.valid.eq(1), p.stag.eq(stag), p.to.eq(to), p.length.eq(length),
+                         p.access.eq(access), p.pd.eq(self.pd)]
+
+        def finish():
+            m.d.sync += [active.eq(0), msn.eq(add(msn, 1))]
+
+        stage = Machine(m, ["TAKE", "DECIDE", "WRITE", "ROUTE", "RESPONSE", "BUFFER",
+                            "INVALIDATE", "ACCEPT"], "decide")
         with stage.state("TAKE"):
             m.d.comb += self.i_header.ready.eq(1)
             with m.If(self.i_header.valid):
@@ -161,45 +322,155 @@ class WritePlacer(wiring.Component):
             free = routes.w_rdy & ~fault.valid & ~self.o_header.valid & ~lookup.valid
             with m.If(free):
                 with m.If(good_write & hdr.has_payload):
-                    p = lookup.payload
-                    m.d.sync += [lookup.valid.eq(1), p.stag.eq(hdr.stag), p.to.eq(hdr.to),
-                                 p.length.eq(hdr.length), p.access.eq(Access.REMOTE_WRITE),
-                                 p.pd.eq(self.pd)]
-                    stage.goto("LOOKUP")
+                    ask(hdr.stag, hdr.to, hdr.length, Access.REMOTE_WRITE)
+                    stage.goto("WRITE")
+                with m.Elif(read_response):
+                    stage.goto("TAKE")
+                    with m.If(~self.i_outstanding.valid | head.atomic):
+                        report(TerminateCode.RDMAP_UNEXPECTED_OPCODE)
+                        push()
+                    with m.Elif(hdr.has_payload & (hdr.stag != head.stag)):
+                        report(TerminateCode.DDP_TAGGED_INVALID_STAG)
+                        push()
+                    with m.Elif(hdr.has_payload & ((hdr.to != sink_to) | (got_end > size))):
+                        report(TerminateCode.DDP_TAGGED_BASE_BOUNDS)
+                        push()
+                    with m.Else():
+                        with m.If(hdr.has_payload):
+                            ask(hdr.stag, hdr.to, hdr.length, Access.LOCAL_WRITE)
+                        stage.goto("RESPONSE")
+                with m.Elif(queue_0):
+                    self._queue_0(m, stage, hdr=hdr, msn=msn, active=active, received=received,
+                                  receive=receive, report=report, push=push, ask=ask)
                 with m.Else():
                     stage.goto("TAKE")
-                    bad = ~hdr.ok & ~self.dead
                     with m.If(hdr.fpdu_bad):
                         m.d.sync += self.dead.eq(1)
-                    with m.Elif(bad):
+                    with m.Elif(~hdr.ok & ~self.dead):
                         report(hdr.code)
                     forward = hdr.ok & ~self.dead & ~eq(hdr.opcode, _WRITE)
                     with m.If(forward):
                         m.d.sync += [self.o_header.valid.eq(1), self.o_header.payload.eq(hdr)]
-                    push(0, forward)
-        with stage.state("LOOKUP"):
+                    push(forward=forward)
+        with stage.state("WRITE"):
             m.d.comb += result.ready.eq(1)
             with m.If(result.valid):
                 stage.goto("ROUTE")
                 m.d.sync += addr.eq(result.payload.addr)
                 with m.If(result.payload.fault != Fault.NONE):
                     m.d.sync += hdr.ok.eq(0)
-                    report(code)
+                    report(tagged_code)
         with stage.state("ROUTE"):
             # `ok` is now the lookup's verdict.
             with m.If(routes.w_rdy):
-                push(hdr.ok, 0, addr)
+                push(place=hdr.ok, addr=addr)
                 stage.goto("TAKE")
+        with stage.state("RESPONSE"):
+            # The Read Response's sink checked (an empty one has nothing to check).
+            m.d.comb += result.ready.eq(hdr.has_payload)
+            with m.If(result.valid | ~hdr.has_payload):
+                stage.goto("TAKE")
+                where = result.payload.addr
+                with m.If(hdr.has_payload & (result.payload.fault != Fault.NONE)):
+                    report(tagged_code)
+                    push(read=CompletionStatus.LOC_PROT_ERR)
+                with m.Elif(hdr.last & (got_end != size)):
+                    report(TerminateCode.RDMAP_CATASTROPHIC_STREAM)
+                    push(place=hdr.has_payload, addr=where)
+                with m.Elif(hdr.last):
+                    push(place=hdr.has_payload, addr=where, read=CompletionStatus.SUCCESS)
+                    m.d.comb += self.i_outstanding.ready.eq(1)
+                    m.d.sync += got.eq(0)
+                with m.Else():
+                    push(place=hdr.has_payload, addr=where)
+                    m.d.sync += got.eq(got_end[:32])
+        with stage.state("BUFFER"):
+            # The receive's buffer checked (a receive without one has nothing to check).
+            m.d.comb += result.ready.eq(receive.sges)
+            with m.If(result.valid | ~receive.sges):
+                m.d.sync += [base.eq(result.payload.addr), received.eq(0), active.eq(1)]
+                with m.If(receive.sges & (result.payload.fault != Fault.NONE)):
+                    report(TerminateCode.RDMAP_LOCAL_CATASTROPHIC, copy=False)
+                    push(status=CompletionStatus.LOC_PROT_ERR)
+                    stage.goto("TAKE")
+                with m.Elif(invalidate):
+                    m.d.sync += [inval.valid.eq(1), inval.payload.stag.eq(hdr.inv_stag),
+                                 inval.payload.pd.eq(self.pd)]
+                    stage.goto("INVALIDATE")
+                with m.Else():
+                    stage.goto("ACCEPT")
+        with stage.state("INVALIDATE"):
+            m.d.comb += inval_result.ready.eq(1)
+            with m.If(inval_result.valid):
+                with m.If(inval_fault != Fault.NONE):
+                    report(inval_code)
+                    push()
+                    stage.goto("TAKE")
+                with m.Else():
+                    stage.goto("ACCEPT")
+        with stage.state("ACCEPT"):
+            # MSN, MO and buffer are good: the payload is placed or the message is too long.
+            stage.goto("TAKE")
+            with m.If(immediate):
+                push(status=CompletionStatus.SUCCESS, byte_len=received)
+                finish()
+            with m.Elif(too_long):
+                report(TerminateCode.DDP_UNTAGGED_MESSAGE_TOO_LONG)
+                push(status=CompletionStatus.LOC_LEN_ERR, byte_len=received)
+                m.d.sync += active.eq(0)
+            with m.Else():
+                where = wrap_add(m, base, received, 64, "place_addr")
+                with m.If(hdr.last):
+                    push(place=hdr.has_payload, addr=where, status=CompletionStatus.SUCCESS,
+                         byte_len=end[:32])
+                    finish()
+                with m.Else():
+                    push(place=hdr.has_payload, addr=where)
+                m.d.sync += received.eq(end[:32])
+
+    def _queue_0(self, m, stage, *, hdr, msn, active, received, receive, report, push, ask):
+        """A good queue 0 segment, when the outputs are free: its MSN and MO, and for a new
+        message its receive."""
+        stage.goto("TAKE")
+        with m.If(hdr.msn != msn):
+            report(TerminateCode.DDP_UNTAGGED_INVALID_MSN_RANGE)
+            push()
+        with m.Elif(active):
+            with m.If(hdr.mo != received):
+                report(TerminateCode.DDP_UNTAGGED_INVALID_MO)
+                push()
+            with m.Else():
+                stage.goto("ACCEPT")
+        with m.Elif(~is_zero(hdr.mo)):
+            report(TerminateCode.DDP_UNTAGGED_INVALID_MO)
+            push()
+        with m.Elif(self.i_receive.valid):
+            r = self.i_receive.payload
+            m.d.comb += self.i_receive.ready.eq(1)
+            m.d.sync += receive.eq(r)
+            with m.If(r.sges):
+                ask(r.lkey, r.addr, r.length, Access.LOCAL_WRITE)
+            stage.goto("BUFFER")
+        with m.Elif(self.receive_pending):
+            stage.goto("DECIDE")            # the receive is on its way
+        with m.Else():
+            report(TerminateCode.DDP_UNTAGGED_INVALID_MSN_NO_BUFFER)
+            push()
 
     def _route(self, m, fifo, routes):
-        """Stage 2: each payload packet to host memory, to the next stage, or away."""
+        """Stage 2: each payload packet to host memory, to the next stage, or away; then the
+        receive's completion or the Read's end."""
         route = _Route(routes.r_data)
         place, data, other = self.o_place, self.o_data, self.o_payload
         asked = Signal()            # the placement request of this packet has been taken
+        sent = Signal()             # the packet has gone; its completion is next
         with m.If(place.ready):
             m.d.sync += place.valid.eq(0)
-        m.d.comb += [data.payload.eq(fifo.o.payload), other.payload.eq(fifo.o.payload)]
-        with m.If(routes.r_rdy):
+        m.d.comb += [data.payload.eq(fifo.o.payload), other.payload.eq(fifo.o.payload),
+                     self.o_complete.payload.eq(route.completion),
+                     self.o_read_done.payload.id.eq(route.completion.id),
+                     self.o_read_done.payload.status.eq(route.completion.status)]
+        with m.If(routes.r_rdy & route.packet & ~sent):
             with m.If(route.place):
                 with m.If(~asked & ~place.valid):
                     m.d.sync += [place.valid.eq(1), place.payload.addr.eq(route.addr),
@@ -211,5 +482,14 @@ class WritePlacer(wiring.Component):
             with m.Else():
                 m.d.comb += fifo.o.ready.eq(1)
             with m.If(fifo.o.valid & fifo.o.ready & fifo.o.payload.last):
-                m.d.comb += routes.r_en.eq(1)
                 m.d.sync += asked.eq(0)
+                with m.If(route.complete | route.read_done):
+                    m.d.sync += sent.eq(1)
+                with m.Else():
+                    m.d.comb += routes.r_en.eq(1)
+        with m.Elif(routes.r_rdy):
+            m.d.comb += [self.o_complete.valid.eq(route.complete),
+                         self.o_read_done.valid.eq(route.read_done)]
+            with m.If(Mux(route.complete, self.o_complete.ready, self.o_read_done.ready)):
+                m.d.comb += routes.r_en.eq(1)
+                m.d.sync += sent.eq(0)

@@ -1,9 +1,10 @@
 """The receive path of one RDMAP stream, from TCP octets to placement: RFC 5044 section 6 (FPDU
-deframing), RFC 5041 sections 3, 4 and 7 (segments, tagged placement, errors), RFC 5042
-sections 5 and 6 (the checks before placement).
+deframing), RFC 5041 sections 3, 4 and 7 (segments, tagged and untagged placement, errors),
+RFC 5040 sections 5.3 and 6 (Send, remote invalidation), RFC 5042 sections 5 and 6 (the checks
+before placement).
 
 :class:`StreamReceiver` chains the :class:`~iwarp_nic.mpa.FpduDeframer`, the
-:class:`~.segment.SegmentParser`, the :class:`~.placement.WritePlacer` and its
+:class:`~.segment.SegmentParser`, the :class:`~.placement.SegmentPlacer` and its
 :class:`~.stag.StagTable`.
 """
 
@@ -16,7 +17,7 @@ from ..exact import gt
 from ..mpa import FpduDeframer
 from ..mpa.deframer import ErrorKind
 from ..stream import BeatStream, check_data_bytes
-from .placement import PlaceRequest, WritePlacer
+from . import placement
 from .segment import SegmentHeader, SegmentParser
 from .stag import StagTable, StagWrite
 
@@ -24,8 +25,8 @@ __all__ = ["StreamReceiver"]
 
 
 class StreamReceiver(wiring.Component):
-    """One stream's octets in; RDMA Write placements, Terminate requests and the other
-    segments out.
+    """One stream's octets in; placements of RDMA Writes, Read Responses and Sends, receive
+    completions, the ends of Reads, Terminate requests and the other segments out.
 
     Ports
     -----
@@ -36,15 +37,20 @@ class StreamReceiver(wiring.Component):
         :attr:`ulpdu_limit`, set by ``fifo_bytes``), the stream's protection domain.
     i_write : In(stream.Signature(StagWrite(pd_bits, log2(stag_entries))))
         STag table entries from the host.
+    i_receive, receive_pending, i_outstanding : In
+        The receives posted on queue 0, and the Reads outstanding
+        (:class:`~.placement.SegmentPlacer`).
     o_place, o_data : Out
-        A placement request (host address, length) per RDMA Write that passed every check,
-        then its payload (:class:`~.placement.WritePlacer`).
+        A placement request (host address, length) per RDMA Write, Read Response or queue 0
+        segment that passed every check, then its payload (:class:`~.placement.SegmentPlacer`).
+    o_complete, o_read_done : Out
+        A completion per receive taken; the end of each Read.
     o_fault : Out(stream.Signature(Violation))
         The Terminate request for the first violation found after the FPDU layer.
     o_error : Out(stream.Signature(ErrorKind))
         The deframer's event for a bad FPDU (CRC, marker, length).
     o_header, o_payload : Out
-        The other good segments, for the untagged and RDMAP stages.
+        The other good segments, for the RDMAP stages.
 
     Nothing is placed after the first error of either kind. Latency from an FPDU's last
     octet in to its placement request: the deframer's, two cycles of the parser, the payload
@@ -65,8 +71,12 @@ class StreamReceiver(wiring.Component):
             "i": In(BeatStream(data_bytes)),
             "crc": In(1), "markers": In(1), "max_ulpdu": In(16), "pd": In(pd_bits),
             "i_write": In(stream.Signature(StagWrite(pd_bits, index_bits))),
-            "o_place": Out(stream.Signature(PlaceRequest)),
+            "i_receive": In(stream.Signature(placement.PostedReceive)), "receive_pending": In(1),
+            "i_outstanding": In(stream.Signature(placement.OutstandingRead)),
+            "o_place": Out(stream.Signature(placement.PlaceRequest)),
             "o_data": Out(BeatStream(data_bytes)),
+            "o_complete": Out(stream.Signature(placement.ReceiveCompletion)),
+            "o_read_done": Out(stream.Signature(placement.ReadDone)),
             "o_fault": Out(stream.Signature(Violation)),
             "o_error": Out(stream.Signature(ErrorKind)),
             "o_header": Out(stream.Signature(SegmentHeader)),
@@ -78,14 +88,15 @@ class StreamReceiver(wiring.Component):
         n = self.data_bytes
         m.submodules.deframer = deframer = FpduDeframer(n)
         m.submodules.parser = parser = SegmentParser(n)
-        m.submodules.placer = placer = WritePlacer(n, pd_bits=self.pd_bits,
-                                                   fifo_beats=self.fifo_beats)
+        m.submodules.placer = placer = placement.SegmentPlacer(
+            n, pd_bits=self.pd_bits, fifo_beats=self.fifo_beats)
         m.submodules.table = table = StagTable(self.stag_entries, pd_bits=self.pd_bits)
         limit = self.ulpdu_limit
         max_ulpdu = (self.max_ulpdu if limit == 0xFFFF
                      else Mux(gt(self.max_ulpdu, limit), limit, self.max_ulpdu))
         m.d.comb += [deframer.crc.eq(self.crc), deframer.markers.eq(self.markers),
-                     deframer.max_ulpdu.eq(max_ulpdu), placer.pd.eq(self.pd)]
+                     deframer.max_ulpdu.eq(max_ulpdu), placer.pd.eq(self.pd),
+                     placer.receive_pending.eq(self.receive_pending)]
         wiring.connect(m, wiring.flipped(self.i), deframer.i)
         wiring.connect(m, deframer.o, parser.i)
         wiring.connect(m, deframer.o_error, wiring.flipped(self.o_error))
@@ -93,9 +104,12 @@ class StreamReceiver(wiring.Component):
         wiring.connect(m, parser.o_payload, placer.i_payload)
         wiring.connect(m, placer.o_lookup, table.i_check)
         wiring.connect(m, table.o_check, placer.i_lookup)
+        wiring.connect(m, placer.o_invalidate, table.i_invalidate)
+        wiring.connect(m, table.o_invalidate, placer.i_invalidate)
         wiring.connect(m, wiring.flipped(self.i_write), table.i_write)
-        for name in ("o_place", "o_data", "o_fault", "o_header", "o_payload"):
+        wiring.connect(m, wiring.flipped(self.i_receive), placer.i_receive)
+        wiring.connect(m, wiring.flipped(self.i_outstanding), placer.i_outstanding)
+        for name in ("o_place", "o_data", "o_complete", "o_read_done", "o_fault", "o_header",
+                     "o_payload"):
             wiring.connect(m, getattr(placer, name), wiring.flipped(getattr(self, name)))
-        # Invalidation is not wired yet (Send with Invalidate is the untagged stage's).
-        m.d.comb += [table.i_invalidate.valid.eq(0), table.o_invalidate.ready.eq(1)]
         return m

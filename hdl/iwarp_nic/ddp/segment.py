@@ -33,13 +33,14 @@ from amaranth.lib.data import StructLayout
 from amaranth.lib.wiring import In, Out
 
 from ..errors import TerminateCode
-from ..exact import add, eq, gt, is_zero, lt, mask, select, sub, wire, wrap_add
+from ..exact import add, eq, gt, is_zero, lt, mask, one_of, select, sub, wire, wrap_add
 from ..headers import ATOMIC_REQUEST, DDP_TAGGED, DDP_UNTAGGED
 from ..stream import BeatStream, check_data_bytes
 from ..trim import HeadTrim
 from ..width import BeatDownsizer, BeatUpsizer
 
-__all__ = ["HEAD_BYTES", "QUEUE", "TAGGED_OPCODES", "SegmentHeader", "SegmentParser"]
+__all__ = ["HEAD_BYTES", "QUEUE", "TAGGED_OPCODES", "INVALIDATE_OPCODES", "SegmentHeader",
+           "SegmentParser"]
 
 _LENGTH_FIELD = 2                   # the MPA ULPDU_Length octets ahead of each ULPDU
 #: Octets of each ULPDU the parser keeps: an untagged DDP header and the longest RDMAP header
@@ -58,7 +59,7 @@ _HEADER_SIZE = {1: 28, 8: 8, 9: 8, 10: 52, 11: 12}
 _TERMINATE = 7
 _ATOMIC_REQUEST = 10
 _ATOMIC_OPS = (0, 2)                # FetchAdd, CmpSwap (RFC 7306 10.1)
-_INVALIDATE = (4, 6)                # Send with Invalidate, with SE and Invalidate
+INVALIDATE_OPCODES = (4, 6)         # Send with Invalidate, with SE and Invalidate
 _CORE_BYTES = 4                     # the T bit and opcode in the first beat
 
 #: One DDP segment, as parsed. ``fpdu_bad``: the deframer marked the FPDU bad (CRC, marker or
@@ -78,15 +79,11 @@ SegmentHeader = StructLayout({
 })
 
 
-def _one_of(value, values):
-    return Cat(eq(value, v) for v in values).any()
-
-
 def _trim_count(t, opcode):
     """Octets before the payload that ``o_payload`` carries: the ULPDU_Length field and the DDP
     header of a tagged segment or of an untagged one whose payload is ULP data or a Terminate
     header; all of them (none goes out) for the other opcodes."""
-    carries = _one_of(opcode, (3, 4, 5, 6, _TERMINATE))
+    carries = one_of(opcode, (3, 4, 5, 6, _TERMINATE))
     return Mux(t, _LENGTH_FIELD + DDP_TAGGED.length,
                Mux(carries, _LENGTH_FIELD + DDP_UNTAGGED.length, _NO_PAYLOAD))
 
@@ -212,8 +209,8 @@ class SegmentParser(wiring.Component):
                                      for op, size in _HEADER_SIZE.items()}, 1, "rest_ok")
         aopcode = ATOMIC_REQUEST.unpack(
             head[8 * DDP_UNTAGGED.length:8 * HEAD_BYTES]).aopcode
-        header_op = _one_of(opcode, (*_HEADER_SIZE, _TERMINATE))
-        fixed_header = _one_of(opcode, tuple(_HEADER_SIZE))
+        header_op = one_of(opcode, (*_HEADER_SIZE, _TERMINATE))
+        fixed_header = one_of(opcode, tuple(_HEADER_SIZE))
 
         ok = Signal()
         code = Signal(TerminateCode)
@@ -225,14 +222,14 @@ class SegmentParser(wiring.Component):
             (~eq(tagged_hdr.dv, 1) & t, TerminateCode.DDP_TAGGED_INVALID_VERSION),
             (~eq(tagged_hdr.dv, 1), TerminateCode.DDP_UNTAGGED_INVALID_VERSION),
             (~eq(tagged_hdr.rv, 1), TerminateCode.RDMAP_INVALID_VERSION),
-            (gt(opcode, 11) | (_one_of(opcode, TAGGED_OPCODES) != t),
+            (gt(opcode, 11) | (one_of(opcode, TAGGED_OPCODES) != t),
              TerminateCode.RDMAP_UNEXPECTED_OPCODE),
             (~t & ~select(m, opcode, {op: eq(untagged_hdr.qn, qn) for op, qn in QUEUE.items()},
                           1, "qn_ok"), TerminateCode.DDP_UNTAGGED_INVALID_QN),
             (~t & header_op & (~untagged_hdr.l | ~is_zero(untagged_hdr.mo)),
              TerminateCode.DDP_UNTAGGED_INVALID_MO),
             (~t & fixed_header & ~rest_ok, TerminateCode.RDMAP_CATASTROPHIC_STREAM),
-            (~t & eq(opcode, _ATOMIC_REQUEST) & ~_one_of(aopcode, _ATOMIC_OPS),
+            (~t & eq(opcode, _ATOMIC_REQUEST) & ~one_of(aopcode, _ATOMIC_OPS),
              TerminateCode.RDMAP_UNEXPECTED_OPCODE),
         ]
         m.d.comb += ok.eq(~snap_err)
@@ -250,7 +247,8 @@ class SegmentParser(wiring.Component):
                 p.stag.eq(Mux(t, tagged_hdr.stag, 0)), p.to.eq(Mux(t, tagged_hdr.to, 0)),
                 p.qn.eq(Mux(t, 0, untagged_hdr.qn)), p.msn.eq(Mux(t, 0, untagged_hdr.msn)),
                 p.mo.eq(Mux(t, 0, untagged_hdr.mo)),
-                p.inv_stag.eq(Mux(~t & _one_of(opcode, _INVALIDATE), untagged_hdr.inv_stag, 0)),
+                p.inv_stag.eq(Mux(~t & one_of(opcode, INVALIDATE_OPCODES),
+                                  untagged_hdr.inv_stag, 0)),
                 p.length.eq(Mux(t, sub(total, _LENGTH_FIELD + DDP_TAGGED.length),
                                 sub(total, _LENGTH_FIELD + DDP_UNTAGGED.length))[:16]),
                 p.ulpdu_length.eq(sub(total, _LENGTH_FIELD)[:16]),

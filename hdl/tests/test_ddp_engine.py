@@ -1,0 +1,440 @@
+# amaranth: UnusedElaboratable=no
+"""The StreamReceiver's queue 0 (Send, its SE and Invalidate variants, Immediate Data, posted
+receives, remote invalidation) and its Read Response placement (outstanding Reads) against the
+model's engine, at 1, 8 and 64 bytes.
+
+The oracle is a model ``Connection`` established with a model peer: the same ULPDUs are
+delivered to it (framed by the peer) and, framed by the model's ``Framer`` with CRC and markers
+on or off, to the gateware; both get the same receives and the same outstanding Reads (posted
+on the model's QP, their requests left unsent to the peer: the test writes the Read Responses).
+The gateware's STag table is loaded from the model device's table. After the stream, the
+model's memory must equal the gateware's placements applied to the same regions (and no
+placement may fall outside them), its receive completions (all but the flushed ones) the
+gateware's, in order and in every field, its Read completions the gateware's ends of Reads,
+and its Terminate (code, offending ULPDU) the gateware's Terminate request. Each violation of
+queue 0 and of Read Responses gets its own case.
+"""
+
+import random
+
+import pytest
+
+from iwarp_model import verbs
+from iwarp_model.engine import Connection
+from iwarp_model.mr import Access
+from iwarp_model.transport.memory import MemoryPair
+from iwarp_model.wire.fpdu import Framer
+from iwarp_model.wire.rdmap import ImmediateData, Opcode, Segment
+from iwarp_model.wire.terminate import ErrorCode
+from iwarp_nic.ddp.placement import CompletionStatus
+from iwarp_nic.ddp.receive import StreamReceiver
+from iwarp_nic.errors import OFFENDING_BYTES, TerminateCode
+from iwarp_tb.amsim import run
+from iwarp_tb.receive import configure
+from iwarp_tb.stags import HostTable
+from iwarp_tb.streams import (
+    AmaranthBus,
+    StreamPort,
+    collector,
+    send,
+    send_packets,
+    tcp_chunks,
+    until_quiet,
+)
+
+IDLE = STALL = 0.2
+RW = Access.LOCAL_WRITE | Access.REMOTE_WRITE
+
+
+def _end(name):
+    dev = verbs.Device(name)
+    pd = dev.alloc_pd()
+    cq = dev.create_cq(4096)
+    qp = dev.create_qp(pd, cq, cq, max_recv_wr=1024, max_recv_sge=1, max_send_wr=1024,
+                       max_rd_atomic=32, max_dest_rd_atomic=32)
+    return dev, pd, cq, qp
+
+
+class Scene:
+    """The receiving end: a model device with a buffer region (Local and Remote Write), one
+    only for Remote Read, fast-registered regions of its PD and one of another PD, connected
+    to a model peer; and the same regions as the gateware's table sees them."""
+
+    def __init__(self, rng, *, crc, markers):
+        self.rng = rng
+        self.dev, self.pd, self.cq, self.qp = _end("b")
+        other = self.dev.alloc_pd()
+        self.memory = {}
+        self.buffer = self._reg(self.pd, 1 << 16, RW)
+        self.no_local = self._reg(self.pd, 4096, Access.REMOTE_READ)
+        self.fmrs = [self._fast(self.pd, 512) for _ in range(3)]
+        self.foreign = self._fast(other, 64)
+        self.regions = [self.buffer, self.no_local, *self.fmrs, self.foreign]
+        self.host = HostTable(rng, table=self.dev.mr_table, pds=0)
+        peer_qp = _end("a")[3]
+        # This end is the initiator, free to send its Read Requests at once (RFC 5044 7.1.2).
+        self.conn = Connection(self.qp, active=True, crc=crc, markers=markers)
+        self.peer = Connection(peer_qp, active=False, crc=crc, markers=markers)
+        MemoryPair(self.conn, self.peer).start()
+        self.receives = []          # the gateware's PostedReceive of each receive posted
+        self.outstanding = []       # the gateware's OutstandingRead of each Read posted
+        self.msn = 1
+        # Completions as the engine pushes them, with their solicited flag.
+        self.pushed = []
+        push = self.cq.push
+
+        def recording(wc, *, solicited=False):
+            self.pushed.append((wc, solicited))
+            push(wc, solicited=solicited)
+        self.cq.push = recording
+
+    def _reg(self, pd, size, access):
+        memory = bytearray(self.rng.randbytes(size))
+        region = self.dev.reg_mr(pd, memory, access, iova=self.rng.getrandbits(40))
+        self.memory[region.stag] = memory
+        return region
+
+    def _fast(self, pd, size):
+        memory = bytearray(self.rng.randbytes(size))
+        region = self.dev.alloc_mr(pd)
+        self.dev.mr_table.fast_reg(region.stag, memory, RW, iova=self.rng.getrandbits(40))
+        self.memory[region.stag] = memory
+        return region
+
+    def post(self, length=None, *, region=None, offset=None, sges=1):
+        """Post a receive of ``length`` octets (random by default) in ``region`` (the buffer)."""
+        region = region or self.buffer
+        if length is None:
+            length = self.rng.choice([0, 1, 64, 1000, self.rng.randrange(4000)])
+        if offset is None:
+            offset = self.rng.randrange(region.length - length + 1) if length <= \
+                region.length else 0
+        wr_id = len(self.receives)
+        sge = verbs.SGE(region.iova + offset, length, region.lkey)
+        wr = verbs.RecvWR(wr_id, [sge] if sges else [])
+        self.qp.post_recv(wr)
+        self.receives.append({"id": wr_id, "sges": sges, "lkey": sge.lkey, "addr": sge.addr,
+                              "length": sge.length})
+
+    def message(self, opcode, length, *, cut=None, inv_stag=0, msn=None, mo=0):
+        """The segments of one queue 0 message of ``length`` payload octets, cut into pieces
+        of at most ``cut`` octets (random sizes by default)."""
+        if msn is None:
+            msn, self.msn = self.msn, self.msn + 1
+        payload = self.rng.randbytes(length)
+        if opcode in (Opcode.IMMEDIATE_DATA, Opcode.IMMEDIATE_DATA_SE):
+            return [Segment(opcode, msn=msn, header=ImmediateData(self.rng.randbytes(8))
+                            ).encode()]
+        out, at = [], 0
+        while True:
+            size = cut or self.rng.choice([1, 7, 100, 1400])
+            chunk = payload[at:at + size]
+            last = at + len(chunk) >= length
+            out.append(Segment(opcode, chunk, last, msn=msn, mo=mo + at,
+                               inv_stag=inv_stag).encode())
+            at += len(chunk)
+            if last:
+                return out
+
+    def read(self, length=None, region=None):
+        """Post an RDMA Read of ``length`` octets (random by default) into ``region`` (the
+        buffer) and let the model send its request (which goes nowhere): its sink."""
+        region = region or self.buffer
+        if length is None:
+            length = self.rng.choice([0, 1, 100, self.rng.randrange(3000)])
+        sge = verbs.SGE(region.iova + self.rng.randrange(region.length - length + 1), length,
+                  region.lkey)
+        wr_id = 1000 + len(self.outstanding)
+        self.qp.post_send(verbs.SendWR(wr_id, verbs.WrOpcode.RDMA_READ, [sge],
+                                       verbs.SendFlags.SIGNALED,
+                                       remote_addr=self.rng.getrandbits(40), rkey=0x1234))
+        self.conn.transmit()
+        sink = {"atomic": 0, "complete": 1, "id": wr_id, "stag": sge.lkey, "to": sge.addr,
+                "size": length}
+        self.outstanding.append(sink)
+        return sink
+
+    def response(self, sink, *, cut=None, length=None, skip=0):
+        """The segments of the Read Response to ``sink``: ``length`` octets (its size by
+        default) from ``skip`` octets on, cut as :meth:`message` cuts."""
+        length = sink["size"] if length is None else length
+        payload = self.rng.randbytes(length)
+        out, at = [], 0
+        while True:
+            size = cut or self.rng.choice([1, 7, 100, 1400])
+            chunk = payload[at:at + size]
+            last = at + len(chunk) >= length
+            out.append(Segment(Opcode.READ_RESPONSE, chunk, last, stag=sink["stag"],
+                               to=sink["to"] + skip + at).encode())
+            at += len(chunk)
+            if last:
+                return out
+
+    def write(self, length, region=None):
+        region = region or self.buffer
+        to = region.iova + self.rng.randrange(region.length - length + 1)
+        return Segment(Opcode.WRITE, self.rng.randbytes(length), stag=region.stag,
+                       to=to).encode()
+
+    def model(self, ulpdus):
+        """Deliver ``ulpdus`` to the model: its completions with their solicited flags (flushed
+        ones left out; receives and Reads) and its Terminate (or None)."""
+        framer = self.peer._framer
+        for ulpdu in ulpdus:
+            self.conn.receive(framer.frame(ulpdu))
+        self.cq.poll_cq(4096)
+        wcs = [(wc, s) for wc, s in self.pushed if wc.status != verbs.WcStatus.WR_FLUSH_ERR]
+        self.pushed.clear()
+        return wcs, self.conn.terminate_sent
+
+
+def simulate(n, scene, ulpdus, *, crc, markers, seed, late=False):
+    """Run ``ulpdus`` through the gateware and the model and compare. ``late``: the receives
+    are offered one at a time with delays, ``receive_pending`` set meanwhile."""
+    rng = random.Random(seed)
+    framer = Framer(crc=crc, markers=markers)
+    octets = b"".join(framer.frame(u) for u in ulpdus)
+    before = {stag: bytes(memory) for stag, memory in scene.memory.items()}
+    writes = [scene.host.write(r) for r in scene.regions]     # as they are before the stream
+    wcs, terminate = scene.model(ulpdus)
+    dut = StreamReceiver(n, stag_entries=64, fifo_bytes=8192)
+    got = {}
+    outputs = [dut.o_place, dut.o_data, dut.o_complete, dut.o_read_done, dut.o_fault,
+               dut.o_header, dut.o_error]
+
+    async def source(ctx):
+        bus = AmaranthBus(ctx)
+        await configure(ctx, dut, writes, scene.pd.handle, crc=crc, markers=markers)
+        await send_packets(bus, StreamPort.amaranth(dut.i), tcp_chunks(rng, octets), n,
+                           rng=random.Random(seed + 1), idle=IDLE)
+        await until_quiet(ctx, outputs, 500)     # every output quiet for a while
+
+    async def receives(ctx):
+        bus, r = AmaranthBus(ctx), random.Random(seed + 9)
+        port = StreamPort.amaranth(dut.i_receive)
+        if not late:
+            await send(bus, port, scene.receives, rng=r, timeout=1 << 30)
+            return
+        for receive in scene.receives:
+            ctx.set(dut.receive_pending, 1)
+            for _ in range(r.randrange(60)):
+                await ctx.tick()
+            await send(bus, port, [receive], timeout=1 << 30)
+        ctx.set(dut.receive_pending, 0)
+
+    def monitor(key, port, offset, packets=False):
+        return collector(got, key, port, data_bytes=n if packets else None,
+                         rng=random.Random(seed + offset), stall=STALL)
+
+    async def outstanding(ctx):
+        await send(AmaranthBus(ctx), StreamPort.amaranth(dut.i_outstanding), scene.outstanding,
+                   timeout=1 << 30)
+
+    monitors = [monitor("places", dut.o_place, 2), monitor("data", dut.o_data, 3, True),
+                monitor("completions", dut.o_complete, 4), monitor("reads", dut.o_read_done, 8),
+                monitor("faults", dut.o_fault, 5), monitor("headers", dut.o_header, 6),
+                monitor("errors", dut.o_error, 7)]
+    # The receives a stream that failed does not take are left on offer.
+    run(dut, source, monitors=[receives, outstanding, *monitors], name=f"ddp_engine_w{n}")
+    compare(scene, before, got, wcs, terminate)
+    return wcs, terminate
+
+
+def compare(scene, before, got, wcs, terminate):
+    """The gateware did what the model did: memory, completions, Terminate."""
+    reads = [wc for wc, _ in wcs if wc.opcode == verbs.WcOpcode.RDMA_READ]
+    assert [(r["id"], r["status"]) for r in got["reads"]] == [
+        (wc.wr_id, CompletionStatus(int(wc.status))) for wc in reads]
+    wcs = [(wc, s) for wc, s in wcs if wc.opcode != verbs.WcOpcode.RDMA_READ]
+    assert not got["errors"] and not got["headers"]
+    # Memory: the placements, applied to the regions' host addresses.
+    spans = {stag: (scene.host.host_addr(stag), len(memory))
+             for stag, memory in scene.memory.items()}
+    after = {stag: bytearray(octets) for stag, octets in before.items()}
+    assert len(got["places"]) == len(got["data"])
+    for place, data in zip(got["places"], got["data"]):
+        assert place["length"] == len(data) > 0
+        inside = [stag for stag, (base, size) in spans.items()
+                  if base <= place["addr"] and place["addr"] + len(data) <= base + size]
+        assert inside, f"placement at {place['addr']:#x}+{len(data)} outside every region"
+        offset = place["addr"] - spans[inside[0]][0]
+        after[inside[0]][offset:offset + len(data)] = bytes(data)
+    for stag, memory in scene.memory.items():
+        assert after[stag] == memory, f"region {stag:#x} differs from the model's"
+    # Completions, in order, every field.
+    expected = [{"id": wc.wr_id, "status": CompletionStatus(int(wc.status)),
+                 "byte_len": wc.byte_len,
+                 "with_imm": int(bool(wc.wc_flags & verbs.WcFlags.WITH_IMM)),
+                 "imm_data": wc.imm_data,
+                 "with_inv": int(bool(wc.wc_flags & verbs.WcFlags.WITH_INV)),
+                 "invalidated": wc.invalidated_rkey, "solicited": int(solicited)}
+                for wc, solicited in wcs]
+    fields = ["id", "status", "byte_len", "with_imm", "imm_data", "with_inv", "invalidated",
+              "solicited"]
+    assert [{k: c[k] for k in fields} for c in got["completions"]] == expected
+    # The Terminate.
+    if terminate is None:
+        assert not got["faults"]
+        return
+    (fault,) = got["faults"]
+    layer, etype, ecode = terminate.code.value
+    assert TerminateCode(fault["code"]).value == layer << 12 | etype << 8 | ecode
+    if terminate.ddp_segment_length is not None:
+        assert fault["offending_length"] == terminate.ddp_segment_length
+        head = int.to_bytes(fault["offending"], OFFENDING_BYTES, "little")
+        assert head[:len(terminate.ddp_header)] == terminate.ddp_header
+    return
+
+
+QUEUE_0 = [Opcode.SEND, Opcode.SEND_SE, Opcode.IMMEDIATE_DATA, Opcode.IMMEDIATE_DATA_SE]
+
+
+def traffic(scene, count, longest=4000):
+    """``count`` good messages, every queue 0 opcode in turn (a receive posted for each, some
+    without a buffer), one Send with Invalidate and one with SE and Invalidate in the second
+    half; RDMA Writes and Reads (one or two outstanding, then their Read Responses) between
+    them."""
+    rng, out = scene.rng, []
+    invalidations = [Opcode.SEND_INVALIDATE, Opcode.SEND_SE_INVALIDATE]
+    for k in range(count):
+        while rng.random() < 0.4:
+            out.append(scene.write(rng.choice([1, 9, rng.randrange(1, min(longest, 1400))])))
+        if rng.random() < 0.4 and len(scene.outstanding) < 30:     # (within the ORD of 32)
+            sinks = [scene.read(rng.choice([0, 1, 8, rng.randrange(longest)]))
+                     for _ in range(rng.randint(1, 2))]
+            for sink in sinks:
+                out += scene.response(sink)
+        opcode, inv_stag = QUEUE_0[k % len(QUEUE_0)], 0
+        if invalidations and k >= count // 2:
+            opcode, inv_stag = invalidations.pop(), scene.fmrs[len(invalidations)].stag
+        length = 0 if opcode in (Opcode.IMMEDIATE_DATA, Opcode.IMMEDIATE_DATA_SE) else \
+            rng.choice([0, 1, 8, rng.randrange(longest)])
+        if length or rng.random() < 0.5:
+            scene.post(length + rng.choice([0, 0, 3, 500]))
+        else:
+            scene.post(sges=0)
+        out += scene.message(opcode, length, inv_stag=inv_stag)
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 8, 64])
+@pytest.mark.parametrize("crc, markers", [(True, True), (False, False)])
+def test_traffic(n, crc, markers):
+    """Every queue 0 opcode, cut into segments of random sizes, between RDMA Writes: placed,
+    completed and invalidated as the model does, with no Terminate."""
+    scene = Scene(random.Random(n * 2 + crc), crc=crc, markers=markers)
+    ulpdus = traffic(scene, 8 if n == 1 else 24)
+    wcs, terminate = simulate(n, scene, ulpdus, crc=crc, markers=markers, seed=n)
+    assert terminate is None and len(wcs) == len(scene.receives) + len(scene.outstanding)
+    assert {wc.wc_flags for wc, _ in wcs} >= {verbs.WcFlags.WITH_IMM, verbs.WcFlags.WITH_INV}
+    assert scene.outstanding
+
+
+@pytest.mark.parametrize("n", [1, 8, 64])
+def test_receives_offered_late(n):
+    """Receives still being fetched (``receive_pending``): each message waits for its own."""
+    scene = Scene(random.Random(20 + n), crc=True, markers=False)
+    ulpdus = traffic(scene, 6 if n == 1 else 12, longest=600)
+    wcs, terminate = simulate(n, scene, ulpdus, crc=True, markers=False, seed=n, late=True)
+    assert terminate is None and len(wcs) == len(scene.receives) + len(scene.outstanding)
+
+
+def _violation(kind, scene):
+    """The segments of one queue 0 violation, and the code the model must send for it."""
+    rng = scene.rng
+    if kind == "msn":
+        scene.post(100)
+        return scene.message(Opcode.SEND, 10, msn=scene.msn + 1), \
+            ErrorCode.DDP_UNTAGGED_INVALID_MSN_RANGE
+    if kind == "mo_first":
+        scene.post(100)
+        return scene.message(Opcode.SEND, 10, mo=4), ErrorCode.DDP_UNTAGGED_INVALID_MO
+    if kind == "mo_next":
+        scene.post(100)
+        first, second = scene.message(Opcode.SEND, 20, cut=10)
+        gap = Segment(Opcode.SEND, b"x" * 10, True, msn=scene.msn - 1, mo=11).encode()
+        del second
+        return [first, gap], ErrorCode.DDP_UNTAGGED_INVALID_MO
+    if kind == "no_buffer":
+        return scene.message(Opcode.SEND, 10), ErrorCode.DDP_UNTAGGED_INVALID_MSN_NO_BUFFER
+    if kind == "local_write":
+        scene.post(100, region=scene.no_local)
+        return scene.message(Opcode.SEND, 10), ErrorCode.RDMAP_LOCAL_CATASTROPHIC
+    if kind == "lkey":
+        scene.post(100)
+        scene.receives[-1]["lkey"] ^= 1
+        scene.qp.rq[-1].sg_list[0].lkey ^= 1
+        return scene.message(Opcode.SEND, 10), ErrorCode.RDMAP_LOCAL_CATASTROPHIC
+    if kind == "bounds":
+        scene.post(100, offset=scene.buffer.length - 50)
+        return scene.message(Opcode.SEND, 10), ErrorCode.RDMAP_LOCAL_CATASTROPHIC
+    if kind == "invalidate_unknown":
+        scene.post(100)
+        return scene.message(Opcode.SEND_INVALIDATE, 10, inv_stag=scene.fmrs[0].stag ^ 1), \
+            ErrorCode.RDMAP_OPERATION_CANNOT_INVALIDATE
+    if kind == "invalidate_foreign":
+        scene.post(100)
+        return scene.message(Opcode.SEND_SE_INVALIDATE, 10, inv_stag=scene.foreign.stag), \
+            ErrorCode.RDMAP_PROTECTION_CANNOT_INVALIDATE
+    if kind == "invalidate_fixed":
+        scene.post(100)
+        return scene.message(Opcode.SEND_INVALIDATE, 0, inv_stag=scene.buffer.stag), \
+            ErrorCode.RDMAP_PROTECTION_CANNOT_INVALIDATE
+    if kind == "invalidated":
+        # A Send with Invalidate, then a Write under the STag it invalidated.
+        scene.post(100)
+        stag = scene.fmrs[2].stag
+        return (scene.message(Opcode.SEND_INVALIDATE, 5, inv_stag=stag)
+                + [scene.write(rng.randrange(1, 100), scene.fmrs[2])]), \
+            ErrorCode.DDP_TAGGED_INVALID_STAG
+    if kind == "too_long":
+        scene.post(100)
+        return scene.message(Opcode.SEND, 101, cut=rng.choice([40, 101])), \
+            ErrorCode.DDP_UNTAGGED_MESSAGE_TOO_LONG
+    return _read_violation(kind, scene)
+
+
+def _read_violation(kind, scene):
+    """The segments of one Read Response violation, and the model's code for it."""
+    if kind == "response_unasked":
+        sink = {"stag": scene.buffer.stag, "to": scene.buffer.iova, "size": 10}
+        return scene.response(sink), ErrorCode.RDMAP_UNEXPECTED_OPCODE
+    sink = scene.read(200)
+    if kind == "response_stag":
+        return scene.response(dict(sink, stag=sink["stag"] ^ 0x100)), \
+            ErrorCode.DDP_TAGGED_INVALID_STAG
+    if kind == "response_to":
+        return scene.response(sink, length=100, skip=1), ErrorCode.DDP_TAGGED_BASE_BOUNDS
+    if kind == "response_long":
+        return scene.response(sink, length=201, cut=100), ErrorCode.DDP_TAGGED_BASE_BOUNDS
+    if kind == "response_short":
+        return scene.response(sink, length=199, cut=50), ErrorCode.RDMAP_CATASTROPHIC_STREAM
+    assert kind == "response_sink"
+    # The sink is invalidated (by a Send with Invalidate) before its Read Response comes.
+    fmr = scene.fmrs[2]             # (traffic invalidates the others)
+    sink = scene.read(100, fmr)
+    scene.post(0, sges=0)
+    return scene.message(Opcode.SEND_INVALIDATE, 0, inv_stag=fmr.stag) + \
+        scene.response(sink), ErrorCode.DDP_TAGGED_INVALID_STAG
+
+
+VIOLATIONS = ["msn", "mo_first", "mo_next", "no_buffer", "local_write", "lkey", "bounds",
+              "invalidate_unknown", "invalidate_foreign", "invalidate_fixed", "invalidated",
+              "too_long", "response_unasked", "response_stag", "response_to", "response_long",
+              "response_short", "response_sink"]
+
+
+@pytest.mark.parametrize("n", [1, 8, 64])
+@pytest.mark.parametrize("kind", VIOLATIONS)
+def test_violation(n, kind):
+    """Each queue 0 violation after good traffic: the model's Terminate and completions, and
+    nothing placed after it (the Writes and Send that follow are dropped)."""
+    rng = random.Random(VIOLATIONS.index(kind) * 3 + n)
+    scene = Scene(rng, crc=True, markers=bool(n % 2))
+    ulpdus = traffic(scene, 3, longest=300)
+    bad, code = _violation(kind, scene)
+    # After it, Writes and a Send (no receive posted: the queue must be empty for no_buffer).
+    ulpdus += bad + [scene.write(rng.randrange(1, 300)) for _ in range(3)]
+    ulpdus += scene.message(Opcode.SEND, 50)
+    _, terminate = simulate(n, scene, ulpdus, crc=True, markers=bool(n % 2), seed=n)
+    assert terminate is not None and terminate.code == code
