@@ -15,7 +15,7 @@ def tops():
     """``{module_name: factory}`` for every generated top-level module."""
     from .crc import CRC32CEngine, CRC32Engine
     from .ddp.emit import SegmentEmitter
-    from .ddp.placement import WritePlacer
+    from .ddp.placement import SegmentPlacer
     from .ddp.receive import StreamReceiver
     from .ddp.segment import SegmentParser
     from .ddp.send import StreamSender
@@ -26,7 +26,7 @@ def tops():
     from .hdrparse import HeaderEmitter, HeaderParser
     from .headers import ETHERNET
     from .ip import IpStack
-    from .mpa import FpduDeframer, FpduFramer
+    from .mpa import FpduDeframer, FpduFramer, StartupReader, StartupWriter
     from .node import IpNode, TcpNode
     from .rdmap import ReadResponder, SendScheduler, TerminateEmitter, TerminateParser
     from .tcp.isn import IsnGenerator
@@ -46,10 +46,12 @@ def tops():
         tops[f"iwarp_packet_fifo_w{n}"] = lambda n=n: PacketFifo(n, 64)
         tops[f"iwarp_mpa_framer_w{n}"] = lambda n=n: FpduFramer(n)
         tops[f"iwarp_mpa_deframer_w{n}"] = lambda n=n: FpduDeframer(n)
+        tops[f"iwarp_mpa_startup_reader_w{n}"] = lambda n=n: StartupReader(n)
+        tops[f"iwarp_mpa_startup_writer_w{n}"] = lambda n=n: StartupWriter(n)
         tops[f"iwarp_rdmap_terminate_w{n}"] = lambda n=n: TerminateEmitter(n)
         tops[f"iwarp_rdmap_terminate_parser_w{n}"] = lambda n=n: TerminateParser(n)
         tops[f"iwarp_ddp_segment_w{n}"] = lambda n=n: SegmentParser(n)
-        tops[f"iwarp_ddp_write_placer_w{n}"] = lambda n=n: WritePlacer(n)
+        tops[f"iwarp_ddp_segment_placer_w{n}"] = lambda n=n: SegmentPlacer(n)
         tops[f"iwarp_ddp_receive_w{n}"] = lambda n=n: StreamReceiver(n)
         tops[f"iwarp_ddp_emit_w{n}"] = lambda n=n: SegmentEmitter(n)
         tops[f"iwarp_ddp_send_w{n}"] = lambda n=n: StreamSender(n)
