@@ -1,18 +1,18 @@
 # amaranth: UnusedElaboratable=no
 """The StreamReceiver's queue 0 (Send, its SE and Invalidate variants, Immediate Data, posted
-receives, remote invalidation) and its Read Response placement (outstanding Reads) against the
-model's engine, at 1, 8 and 64 bytes.
+receives, remote invalidation) and its Read and Atomic Response placement (outstanding Reads
+and atomics) against the model's engine, at 1, 8 and 64 bytes.
 
 The oracle is a model ``Connection`` established with a model peer: the same ULPDUs are
 delivered to it (framed by the peer) and, framed by the model's ``Framer`` with CRC and markers
-on or off, to the gateware; both get the same receives and the same outstanding Reads (posted
-on the model's QP, their requests left unsent to the peer: the test writes the Read Responses).
-The gateware's STag table is loaded from the model device's table. After the stream, the
-model's memory must equal the gateware's placements applied to the same regions (and no
-placement may fall outside them), its receive completions (all but the flushed ones) the
-gateware's, in order and in every field, its Read completions the gateware's ends of Reads,
-and its Terminate (code, offending ULPDU) the gateware's Terminate request. Each violation of
-queue 0 and of Read Responses gets its own case.
+on or off, to the gateware; both get the same receives and the same outstanding Reads and
+FetchAdds (posted on the model's QP, their requests left unsent to the peer: the test writes
+the answers). The gateware's STag table is loaded from the model device's table. After the
+stream, the model's memory must equal the gateware's placements applied to the same regions
+(and no placement may fall outside them), its receive completions (all but the flushed ones)
+the gateware's, in order and in every field, its Read and atomic completions the gateware's
+ends of them, and its Terminate (code, offending ULPDU) the gateware's Terminate request. Each
+violation of queue 0 and of Read and Atomic Responses gets its own case.
 """
 
 import random
@@ -24,7 +24,7 @@ from iwarp_model.engine import Connection
 from iwarp_model.mr import Access
 from iwarp_model.transport.memory import MemoryPair
 from iwarp_model.wire.fpdu import Framer
-from iwarp_model.wire.rdmap import ImmediateData, Opcode, Segment
+from iwarp_model.wire.rdmap import AtomicResponse, ImmediateData, Opcode, Segment
 from iwarp_model.wire.terminate import ErrorCode
 from iwarp_nic.ddp.placement import CompletionStatus
 from iwarp_nic.ddp.receive import StreamReceiver
@@ -78,7 +78,8 @@ class Scene:
         MemoryPair(self.conn, self.peer).start()
         self.receives = []          # the gateware's PostedReceive of each receive posted
         self.outstanding = []       # the gateware's OutstandingRead of each Read posted
-        self.msn = 1
+        self.msn = self.msn_3 = 1
+        self.request_id = 0
         # Completions as the engine pushes them, with their solicited flag.
         self.pushed = []
         push = self.cq.push
@@ -150,9 +151,33 @@ class Scene:
                                        remote_addr=self.rng.getrandbits(40), rkey=0x1234))
         self.conn.transmit()
         sink = {"atomic": 0, "complete": 1, "id": wr_id, "stag": sge.lkey, "to": sge.addr,
-                "size": length}
+                "size": length, "request_id": 0}
         self.outstanding.append(sink)
         return sink
+
+    def atomic(self, region=None):
+        """Post a FetchAdd whose original value lands in ``region`` (the buffer) and let the
+        model send its request: its sink (the engine numbers requests from 1)."""
+        region = region or self.buffer
+        sge = verbs.SGE(region.iova + self.rng.randrange(region.length - 7), 8, region.lkey)
+        wr_id = 1000 + len(self.outstanding)
+        self.qp.post_send(verbs.SendWR(wr_id, verbs.WrOpcode.ATOMIC_FETCH_AND_ADD, [sge],
+                                       verbs.SendFlags.SIGNALED, remote_addr=8 * wr_id,
+                                       rkey=0x1234, compare_add=1))
+        self.conn.transmit()
+        self.request_id += 1
+        sink = {"atomic": 1, "complete": 1, "id": wr_id, "stag": sge.lkey, "to": sge.addr,
+                "size": 8, "request_id": self.request_id}
+        self.outstanding.append(sink)
+        return sink
+
+    def atomic_response(self, sink, *, request_id=None, msn=None):
+        """The Atomic Response to ``sink``: the next MSN of queue 3, a random value."""
+        if msn is None:
+            msn, self.msn_3 = self.msn_3, self.msn_3 + 1
+        request_id = sink["request_id"] if request_id is None else request_id
+        return Segment(Opcode.ATOMIC_RESPONSE, msn=msn, header=AtomicResponse(
+            request_id, self.rng.getrandbits(64))).encode()
 
     def response(self, sink, *, cut=None, length=None, skip=0):
         """The segments of the Read Response to ``sink``: ``length`` octets (its size by
@@ -242,10 +267,11 @@ def simulate(n, scene, ulpdus, *, crc, markers, seed, late=False):
 
 def compare(scene, before, got, wcs, terminate):
     """The gateware did what the model did: memory, completions, Terminate."""
-    reads = [wc for wc, _ in wcs if wc.opcode == verbs.WcOpcode.RDMA_READ]
+    receives = (verbs.WcOpcode.RECV, verbs.WcOpcode.RECV_RDMA_WITH_IMM)
+    reads = [wc for wc, _ in wcs if wc.opcode not in receives]     # Reads and atomics
     assert [(r["id"], r["status"]) for r in got["reads"]] == [
         (wc.wr_id, CompletionStatus(int(wc.status))) for wc in reads]
-    wcs = [(wc, s) for wc, s in wcs if wc.opcode != verbs.WcOpcode.RDMA_READ]
+    wcs = [(wc, s) for wc, s in wcs if wc.opcode in receives]
     assert not got["errors"] and not got["headers"]
     # Memory: the placements, applied to the regions' host addresses.
     spans = {stag: (scene.host.host_addr(stag), len(memory))
@@ -299,11 +325,13 @@ def traffic(scene, count, longest=4000):
     for k in range(count):
         while rng.random() < 0.4:
             out.append(scene.write(rng.choice([1, 9, rng.randrange(1, min(longest, 1400))])))
-        if rng.random() < 0.4 and len(scene.outstanding) < 30:     # (within the ORD of 32)
-            sinks = [scene.read(rng.choice([0, 1, 8, rng.randrange(longest)]))
+        if rng.random() < 0.5 and len(scene.outstanding) < 30:     # (within the ORD of 32)
+            sinks = [scene.atomic() if rng.random() < 0.4 else
+                     scene.read(rng.choice([0, 1, 8, rng.randrange(longest)]))
                      for _ in range(rng.randint(1, 2))]
             for sink in sinks:
-                out += scene.response(sink)
+                out += [scene.atomic_response(sink)] if sink["atomic"] else \
+                    scene.response(sink)
         opcode, inv_stag = QUEUE_0[k % len(QUEUE_0)], 0
         if invalidations and k >= count // 2:
             opcode, inv_stag = invalidations.pop(), scene.fmrs[len(invalidations)].stag
@@ -395,11 +423,35 @@ def _violation(kind, scene):
 
 
 def _read_violation(kind, scene):
-    """The segments of one Read Response violation, and the model's code for it."""
+    """The segments of one Read or Atomic Response violation, and the model's code for it."""
     if kind == "response_unasked":
         sink = {"stag": scene.buffer.stag, "to": scene.buffer.iova, "size": 10}
         return scene.response(sink), ErrorCode.RDMAP_UNEXPECTED_OPCODE
+    if kind == "response_to_atomic":
+        return scene.response(dict(scene.atomic(), size=8)), ErrorCode.RDMAP_UNEXPECTED_OPCODE
+    if kind == "atomic_msn":
+        return [scene.atomic_response(scene.atomic(), msn=scene.msn_3 + 1)], \
+            ErrorCode.DDP_UNTAGGED_INVALID_MSN_RANGE
+    if kind == "atomic_request_id":
+        atomic = scene.atomic()
+        return [scene.atomic_response(atomic, request_id=atomic["request_id"] + 1)], \
+            ErrorCode.RDMAP_UNEXPECTED_OPCODE
+    if kind == "atomic_sink":
+        fmr = scene.fmrs[2]
+        atomic = scene.atomic(fmr)
+        scene.post(0, sges=0)
+        return scene.message(Opcode.SEND_INVALIDATE, 0, inv_stag=fmr.stag) + \
+            [scene.atomic_response(atomic)], ErrorCode.RDMAP_LOCAL_CATASTROPHIC
+    if kind == "response_sink":
+        # The sink is invalidated (by a Send with Invalidate) before its Read Response comes.
+        fmr = scene.fmrs[2]             # (traffic invalidates the others)
+        sink = scene.read(100, fmr)
+        scene.post(0, sges=0)
+        return scene.message(Opcode.SEND_INVALIDATE, 0, inv_stag=fmr.stag) + \
+            scene.response(sink), ErrorCode.DDP_TAGGED_INVALID_STAG
     sink = scene.read(200)
+    if kind == "atomic_to_read":
+        return [scene.atomic_response({"request_id": 1})], ErrorCode.RDMAP_UNEXPECTED_OPCODE
     if kind == "response_stag":
         return scene.response(dict(sink, stag=sink["stag"] ^ 0x100)), \
             ErrorCode.DDP_TAGGED_INVALID_STAG
@@ -407,21 +459,15 @@ def _read_violation(kind, scene):
         return scene.response(sink, length=100, skip=1), ErrorCode.DDP_TAGGED_BASE_BOUNDS
     if kind == "response_long":
         return scene.response(sink, length=201, cut=100), ErrorCode.DDP_TAGGED_BASE_BOUNDS
-    if kind == "response_short":
-        return scene.response(sink, length=199, cut=50), ErrorCode.RDMAP_CATASTROPHIC_STREAM
-    assert kind == "response_sink"
-    # The sink is invalidated (by a Send with Invalidate) before its Read Response comes.
-    fmr = scene.fmrs[2]             # (traffic invalidates the others)
-    sink = scene.read(100, fmr)
-    scene.post(0, sges=0)
-    return scene.message(Opcode.SEND_INVALIDATE, 0, inv_stag=fmr.stag) + \
-        scene.response(sink), ErrorCode.DDP_TAGGED_INVALID_STAG
+    assert kind == "response_short"
+    return scene.response(sink, length=199, cut=50), ErrorCode.RDMAP_CATASTROPHIC_STREAM
 
 
 VIOLATIONS = ["msn", "mo_first", "mo_next", "no_buffer", "local_write", "lkey", "bounds",
               "invalidate_unknown", "invalidate_foreign", "invalidate_fixed", "invalidated",
               "too_long", "response_unasked", "response_stag", "response_to", "response_long",
-              "response_short", "response_sink"]
+              "response_short", "response_sink", "response_to_atomic", "atomic_to_read",
+              "atomic_msn", "atomic_request_id", "atomic_sink"]
 
 
 @pytest.mark.parametrize("n", [1, 8, 64])

@@ -1,7 +1,8 @@
 """Placement of what a stream receives: RFC 5041 sections 3, 4 and 7.2 (tagged placement,
 untagged queue 0 placement into posted buffers, MSN/MO, their errors), RFC 5040 sections 5.1
 to 5.3, 6 and 7 (RDMA Write, Read Response, Send and its SE and Invalidate variants, remote
-invalidation, access rights), RFC 7306 section 6 (Immediate Data), with the checks RFC 5042
+invalidation, access rights), RFC 7306 sections 5.2.2 and 6 (Atomic Response, Immediate Data),
+with the checks RFC 5042
 sections 5 and 6 ask for before any octet is placed.
 
 :class:`SegmentPlacer` stands between the :class:`~.segment.SegmentParser` and host memory. It
@@ -13,6 +14,9 @@ engine does (``Connection._on_write`` and ``_on_untagged``):
 * an RDMA Read Response must answer the oldest outstanding Read: its Data Sink STag, the TO
   that continues what has arrived, within the Read's size; it is looked up (Local Write) and
   placed; the last one must complete the size, and the Read is done;
+* an Atomic Response (queue 3) must carry the queue's next MSN and answer the oldest
+  outstanding request, an atomic with its Request Identifier; the original value it carries
+  is placed in the atomic's 8-octet sink (looked up for Local Write), and the atomic is done;
 * a Send of any variant or Immediate Data (queue 0) must carry the queue's next MSN; the first
   segment of a message (MO 0) takes the next posted receive, whose buffer is looked up (Local
   Write, all of it), and invalidates the STag of a Send with Invalidate; every segment must
@@ -25,16 +29,28 @@ The first violation becomes a Terminate request with the RFC 6580 code the model
 from then on.
 """
 
-from amaranth import Cat, Module, Mux, Signal
+from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import enum, stream, wiring
 from amaranth.lib.data import StructLayout
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from ..errors import OFFENDING_BYTES, TerminateCode, Violation
-from ..exact import Machine, add, eq, is_zero, one_of, widened, wire, wrap_add
+from ..exact import (
+    Machine,
+    add,
+    eq,
+    is_zero,
+    mask,
+    one_of,
+    select,
+    widened,
+    wire,
+    wrap_add,
+    wrap_sub,
+)
 from ..fifo import PacketFifo
-from ..headers import DDP_UNTAGGED
+from ..headers import ATOMIC_RESPONSE, DDP_UNTAGGED
 from ..stream import BeatStream, check_data_bytes
 from .segment import INVALIDATE_OPCODES, QUEUE, SegmentHeader
 from .stag import Access, Fault, InvalidateRequest, LookupRequest, LookupResult
@@ -42,7 +58,8 @@ from .stag import Access, Fault, InvalidateRequest, LookupRequest, LookupResult
 __all__ = ["PlaceRequest", "PostedReceive", "CompletionStatus", "ReceiveCompletion",
            "OutstandingRead", "ReadDone", "SegmentPlacer"]
 
-_WRITE, _READ_RESPONSE = 0, 2
+_WRITE, _READ_RESPONSE, _ATOMIC_RESPONSE = 0, 2, 11
+_ATOMIC_BYTES = 8
 _QUEUE_0 = tuple(op for op, qn in QUEUE.items() if qn == 0)
 _IMMEDIATE = (8, 9)                 # Immediate Data, with SE
 _SOLICITED = (5, 6, 9)              # Send with SE, with SE and Invalidate, Immediate Data with SE
@@ -74,22 +91,24 @@ ReceiveCompletion = StructLayout({
     "with_inv": 1, "invalidated": 32, "solicited": 1,
 })
 
-#: A Read or atomic this end asked for, oldest first, as its request was sent: for a Read
-#: (``atomic`` 0) its Data Sink, ``size`` octets at ``to`` under ``stag``; ``id`` names it in
-#: its :data:`ReadDone`, given only with ``complete`` (not for the RTR Read of RFC 6581).
+#: A Read or atomic this end asked for, oldest first, as its request was sent: its sink,
+#: ``size`` octets at ``to`` under ``stag`` (8 for an atomic, which also has the
+#: ``request_id`` of its Request); ``id`` names it in its :data:`ReadDone`, given only with
+#: ``complete`` (not for the RTR Read of RFC 6581).
 OutstandingRead = StructLayout({"atomic": 1, "complete": 1, "id": 16, "stag": 32, "to": 64,
-                                "size": 32})
+                                "size": 32, "request_id": 32})
 
-#: A Read is done: all of its Read Response placed (``SUCCESS``), or its sink failed the
-#: Local Write check (``LOC_PROT_ERR``, the stream ends).
+#: A Read or atomic is done: its Read Response or original value placed (``SUCCESS``), or its
+#: sink failed the Local Write check (``LOC_PROT_ERR``, the stream ends).
 ReadDone = StructLayout({"id": 16, "status": CompletionStatus})
 
 #: What the placer does with a segment: ``packet`` says a payload packet belongs to it, which
-#: is placed at ``addr`` (``place``), forwarded (``forward``) or dropped; then, with
-#: ``complete``, ``completion`` is offered, or with ``read_done`` the Read's id and status
-#: from it.
+#: is placed at ``addr`` (``place``), forwarded (``forward``) or dropped; with ``inline``
+#: the 8 octets of ``value`` are placed at ``addr`` instead; then, with ``complete``,
+#: ``completion`` is offered, or with ``read_done`` the Read's id and status from it.
 _Route = StructLayout({"packet": 1, "place": 1, "forward": 1, "addr": 64, "length": 16,
-                       "complete": 1, "read_done": 1, "completion": ReceiveCompletion})
+                       "inline": 1, "value": 64, "complete": 1, "read_done": 1,
+                       "completion": ReceiveCompletion})
 
 
 class SegmentPlacer(wiring.Component):
@@ -126,7 +145,7 @@ class SegmentPlacer(wiring.Component):
         A completion per receive taken, after the last placement of its message: success, or
         LOC_LEN_ERR (too long) or LOC_PROT_ERR (bad buffer), which also end the stream.
     o_read_done : Out(stream.Signature(ReadDone))
-        A Read is done, after the last placement of its Read Response.
+        A Read or atomic is done, after the last placement of its answer.
     o_fault : Out(stream.Signature(Violation))
         One Terminate request, for the first segment the parser found bad or that fails here:
 
@@ -145,6 +164,10 @@ class SegmentPlacer(wiring.Component):
         the Read's size
         Read Response: its sink fails the check     as for a Write, Local Write for Remote
         Read Response: the last one short           RDMAP Catastrophic, RDMAP stream
+        Atomic Response: MSN not the next           DDP Invalid MSN, MSN range is not valid
+        Atomic Response: no atomic outstanding, or  RDMAP Unexpected OpCode
+        another Request Identifier
+        Atomic Response: its sink fails the check   RDMAP Local Catastrophic (no copies)
         queue 0: MSN not the next                   DDP Invalid MSN, MSN range is not valid
         queue 0: MO not 0 (new) or not continuing   DDP Invalid MO
         queue 0: no receive posted                  DDP Invalid MSN, no buffer available
@@ -154,8 +177,8 @@ class SegmentPlacer(wiring.Component):
         queue 0: message longer than the buffer     DDP Message too long
         ==========================================  =========================================
     o_header, o_payload : Out(stream.Signature(SegmentHeader)), Out(BeatStream(data_bytes))
-        Every other good segment (Read Request, atomics, Terminate), header first, then its
-        payload if it has one.
+        Every other good segment (Read Request, Atomic Request, Terminate), header first, then
+        its payload if it has one.
     dead : Out(1)
         Set from the first error on: an FPDU the deframer marked bad (its error event is the
         deframer's to report) or a Terminate request. Nothing is placed or forwarded after it;
@@ -221,7 +244,6 @@ class SegmentPlacer(wiring.Component):
         """Stage 1: each header in turn, checked (and looked up), into a route."""
         hdr = Signal(SegmentHeader)
         addr = Signal(64)
-        route = _Route(routes.w_data)
         lookup, result, fault = self.o_lookup, self.i_lookup, self.o_fault
         inval, inval_result = self.o_invalidate, self.i_invalidate
 
@@ -229,28 +251,21 @@ class SegmentPlacer(wiring.Component):
         msn = Signal(32, init=1)
         active = Signal()
         receive = Signal(PostedReceive)
-        base = Signal(64)               # host address of the buffer's first octet
         received = Signal(32)           # octets of the message so far: the next MO
-        capacity = wire(m, Mux(receive.sges, receive.length, 0), "capacity")
-        end = Signal(33)                # octets of the message after this segment
-        m.d.comb += end.eq(widened(m, received, 33, "received_33")
-                           + widened(m, hdr.length, 33, "length_33"))
-        too_long = wire(m, end > widened(m, capacity, 33, "capacity_33"), "too_long")
+        room = Signal(32)               # octets of the buffer still free
+        next_addr = Signal(64)          # host address of the next octet of the message
+        end = wire(m, wrap_add(m, received, hdr.length, 32, "end_sum"), "end")
 
-        # Read Responses: the oldest outstanding Read, and how much of it has arrived.
+        # Read Responses: the oldest outstanding Read, and what is left of it.
         head = self.i_outstanding.payload
-        got = Signal(32)
-        got_end = Signal(33)
-        m.d.comb += got_end.eq(widened(m, got, 33, "got_33") + widened(m, hdr.length, 33,
-                                                                      "length_33r"))
-        size = widened(m, head.size, 33, "size_33")
-        sink_to = wrap_add(m, head.to, got, 64, "sink_to")
+        fresh = Signal(init=1)          # nothing of it has arrived yet
+        expect_to = Signal(64)          # with ~fresh: the TO of its next octet
+        room_read = Signal(32)          # with ~fresh: its octets still to come
 
-        queue_0 = hdr.ok & ~hdr.tagged & one_of(hdr.opcode, _QUEUE_0) & ~self.dead
-        read_response = hdr.ok & eq(hdr.opcode, _READ_RESPONSE) & ~self.dead
-        good_write = hdr.ok & eq(hdr.opcode, _WRITE) & ~self.dead
-        immediate = one_of(hdr.opcode, _IMMEDIATE)
-        invalidate = one_of(hdr.opcode, INVALIDATE_OPCODES)
+        rdmap_header = DDP_UNTAGGED.length
+        answer = ATOMIC_RESPONSE.unpack(
+            hdr.head[8 * rdmap_header:8 * (rdmap_header + ATOMIC_RESPONSE.length)])
+        msn_3 = Signal(32, init=1)          # the next MSN on queue 3
         # Immediate Data's 8 octets, big-endian, after the untagged header.
         imm_data = Cat(hdr.head.word_select(DDP_UNTAGGED.length + 7 - k, 8) for k in range(8))
 
@@ -272,76 +287,148 @@ class SegmentPlacer(wiring.Component):
                          TerminateCode.RDMAP_OPERATION_CANNOT_INVALIDATE,
                          TerminateCode.RDMAP_PROTECTION_CANNOT_INVALIDATE)
 
+        # Each check against the stream's state, made as the header is taken (the state does
+        # not change until it is decided) and kept beside it.
+        incoming = self.i_header.payload
+        incoming_answer = ATOMIC_RESPONSE.unpack(
+            incoming.head[8 * rdmap_header:8 * (rdmap_header + ATOMIC_RESPONSE.length)])
+        left = Mux(fresh, head.size, room_read)
+        checks = {
+            "msn_0": incoming.msn == msn, "msn_3": incoming.msn == msn_3,
+            "mo": incoming.mo == received, "head": self.i_outstanding.valid,
+            "stag": incoming.stag == head.stag,
+            "to": incoming.to == Mux(fresh, head.to, expect_to),
+            "fits": widened(m, incoming.length, 32, "in_length_32") <= left,
+            "full": widened(m, incoming.length, 32, "in_length_32f") == left,
+            "request": incoming_answer.request_id == head.request_id,
+            "room": widened(m, incoming.length, 32, "in_length_32r") <= room,
+            # and what the segment is
+            "write": incoming.ok & eq(incoming.opcode, _WRITE),
+            "read_response": incoming.ok & eq(incoming.opcode, _READ_RESPONSE),
+            "atomic_response": incoming.ok & eq(incoming.opcode, _ATOMIC_RESPONSE),
+            "queue_0": incoming.ok & ~incoming.tagged & one_of(incoming.opcode, _QUEUE_0),
+            "immediate": one_of(incoming.opcode, _IMMEDIATE),
+            "invalidate": one_of(incoming.opcode, INVALIDATE_OPCODES),
+            "solicited": one_of(incoming.opcode, _SOLICITED),
+        }
+        ok = {name: Signal(name=f"check_{name}") for name in checks}
+        good_write = ok["write"] & ~self.dead
+        read_response = ok["read_response"] & ~self.dead
+        atomic_response = ok["atomic_response"] & ~self.dead
+        queue_0 = ok["queue_0"] & ~self.dead
+        immediate, invalidate = ok["immediate"], ok["invalidate"]
+        # The route of the segment decided last, written into the route queue a cycle later.
+        decided, decided_valid = Signal(_Route), Signal()
+        m.d.comb += [routes.w_en.eq(decided_valid), routes.w_data.eq(decided)]
+        m.d.sync += decided_valid.eq(0)
+        room_for_route = routes.w_rdy & ~decided_valid
+
         for port in (lookup, inval, fault, self.o_header):
             with m.If(port.ready):
                 m.d.sync += port.valid.eq(0)
 
-        def report(code, copy=True):
-            m.d.sync += [fault.valid.eq(1), fault.payload.code.eq(code), self.dead.eq(1),
-                         fault.payload.offending.eq(hdr.head[:8 * OFFENDING_BYTES] if copy
-                                                    else 0),
-                         fault.payload.offending_length.eq(hdr.ulpdu_length if copy else 0)]
+        # A Terminate request: each violation names its code; the request is built once.
+        reporting, report_code, report_copy = Signal(), Signal(TerminateCode), Signal()
+        with m.If(reporting):
+            m.d.sync += [fault.valid.eq(1), fault.payload.code.eq(report_code), self.dead.eq(1),
+                         fault.payload.offending.eq(
+                             Mux(report_copy, hdr.head[:8 * OFFENDING_BYTES], 0)),
+                         fault.payload.offending_length.eq(
+                             Mux(report_copy, hdr.ulpdu_length, 0))]
 
-        def push(*, place=0, forward=0, addr=0, status=None, byte_len=0, read=None):
-            """Route this segment's packet; with ``status``, complete the receive after it;
-            with ``read``, end the oldest Read so (with a ReadDone if it asks for one)."""
+        def report(code, copy=True):
+            m.d.comb += [reporting.eq(1), report_code.eq(code), report_copy.eq(copy)]
+
+        def push(*, place=None, forward=0, addr=None, status=None, byte_len=0, read=None,
+                 inline=None):
+            """Route this segment's packet, or place ``inline``'s 8 octets; with ``status``,
+            complete the receive after it; with ``read``, end the oldest Read or atomic so
+            (with a ReadDone if it asks for one). The wide fields are written only where they
+            will be read (a placement's address, a completion's values), so each comes from
+            a few sources."""
             complete = status is not None
             read_done = head.complete if read is not None else 0
-            c = route.completion
-            m.d.comb += [routes.w_en.eq(hdr.has_payload | complete | read_done), route.packet.eq(
-                hdr.has_payload), route.place.eq(place), route.forward.eq(forward),
-                route.addr.eq(addr), route.length.eq(hdr.length), route.complete.eq(complete),
-                route.read_done.eq(read_done)]
+            route, c = decided, decided.completion
+            m.d.sync += [decided_valid.eq(hdr.has_payload | complete | read_done |
+                                          (inline is not None)),
+                         route.packet.eq(hdr.has_payload),
+                         route.place.eq(0 if place is None else place),
+                         route.forward.eq(forward), route.complete.eq(complete),
+                         route.read_done.eq(read_done), route.inline.eq(inline is not None)]
+            if place is not None:
+                m.d.sync += [route.addr.eq(addr), route.length.eq(hdr.length)]
+            if inline is not None:
+                m.d.sync += [route.value.eq(inline), route.length.eq(_ATOMIC_BYTES)]
             if complete:
-                m.d.comb += [c.id.eq(receive.id), c.status.eq(status), c.byte_len.eq(byte_len)]
+                m.d.sync += [c.id.eq(receive.id), c.status.eq(status), c.byte_len.eq(byte_len)]
             if read is not None:
-                m.d.comb += [c.id.eq(head.id), c.status.eq(read)]
+                m.d.sync += [c.id.eq(head.id), c.status.eq(read)]
             if status == CompletionStatus.SUCCESS:
-                m.d.comb += [c.with_imm.eq(immediate), c.imm_data.eq(Mux(immediate, imm_data, 0)),
-                             c.with_inv.eq(invalidate),
-                             c.invalidated.eq(Mux(invalidate, hdr.inv_stag, 0)),
-                             c.solicited.eq(one_of(hdr.opcode, _SOLICITED))]
+                m.d.sync += [c.with_imm.eq(immediate), c.imm_data.eq(Mux(immediate, imm_data, 0)),
+                             c.with_inv.eq(invalidate), c.invalidated.eq(hdr.inv_stag),
+                             c.solicited.eq(ok["solicited"])]
+            elif complete:
+                m.d.sync += [c.with_imm.eq(0), c.imm_data.eq(0), c.with_inv.eq(0),
+                             c.invalidated.eq(0), c.solicited.eq(0)]
+
+        # A lookup: each caller names what to look up; the request is built once.
+        asking, asked_for = Signal(), Signal(LookupRequest(self.pd_bits))
+        with m.If(asking):
+            m.d.sync += [lookup.valid.eq(1), lookup.payload.eq(asked_for)]
 
         def ask(stag, to, length, access):
-            p = lookup.payload
-            m.d.sync += [lookup.valid.eq(1), p.stag.eq(stag), p.to.eq(to), p.length.eq(length),
-                         p.access.eq(access), p.pd.eq(self.pd)]
+            m.d.comb += [asking.eq(1), asked_for.stag.eq(stag), asked_for.to.eq(to),
+                         asked_for.length.eq(length), asked_for.access.eq(access),
+                         asked_for.pd.eq(self.pd)]
 
         def finish():
             m.d.sync += [active.eq(0), msn.eq(add(msn, 1))]
 
-        stage = Machine(m, ["TAKE", "DECIDE", "WRITE", "ROUTE", "RESPONSE", "BUFFER",
+        stage = Machine(m, ["TAKE", "DECIDE", "WRITE", "ROUTE", "RESPONSE", "ATOMIC", "BUFFER",
                             "INVALIDATE", "ACCEPT"], "decide")
         with stage.state("TAKE"):
             m.d.comb += self.i_header.ready.eq(1)
             with m.If(self.i_header.valid):
                 m.d.sync += hdr.eq(self.i_header.payload)
+                m.d.sync += [ok[name].eq(check) for name, check in checks.items()]
                 stage.goto("DECIDE")
         with stage.state("DECIDE"):
             # Outputs of the last segment must have gone before a new one is offered.
-            free = routes.w_rdy & ~fault.valid & ~self.o_header.valid & ~lookup.valid
+            free = room_for_route & ~fault.valid & ~self.o_header.valid & ~lookup.valid
             with m.If(free):
                 with m.If(good_write & hdr.has_payload):
                     ask(hdr.stag, hdr.to, hdr.length, Access.REMOTE_WRITE)
                     stage.goto("WRITE")
                 with m.Elif(read_response):
                     stage.goto("TAKE")
-                    with m.If(~self.i_outstanding.valid | head.atomic):
+                    with m.If(~ok["head"] | head.atomic):
                         report(TerminateCode.RDMAP_UNEXPECTED_OPCODE)
                         push()
-                    with m.Elif(hdr.has_payload & (hdr.stag != head.stag)):
+                    with m.Elif(hdr.has_payload & ~ok["stag"]):
                         report(TerminateCode.DDP_TAGGED_INVALID_STAG)
                         push()
-                    with m.Elif(hdr.has_payload & ((hdr.to != sink_to) | (got_end > size))):
+                    with m.Elif(hdr.has_payload & (~ok["to"] | ~ok["fits"])):
                         report(TerminateCode.DDP_TAGGED_BASE_BOUNDS)
                         push()
                     with m.Else():
                         with m.If(hdr.has_payload):
                             ask(hdr.stag, hdr.to, hdr.length, Access.LOCAL_WRITE)
                         stage.goto("RESPONSE")
+                with m.Elif(atomic_response):
+                    stage.goto("TAKE")
+                    with m.If(~ok["msn_3"]):
+                        report(TerminateCode.DDP_UNTAGGED_INVALID_MSN_RANGE)
+                        push()
+                    with m.Elif(~ok["head"] | ~head.atomic | ~ok["request"]):
+                        report(TerminateCode.RDMAP_UNEXPECTED_OPCODE)
+                        push()
+                    with m.Else():
+                        m.d.sync += msn_3.eq(add(hdr.msn, 1))
+                        ask(head.stag, head.to, _ATOMIC_BYTES, Access.LOCAL_WRITE)
+                        stage.goto("ATOMIC")
                 with m.Elif(queue_0):
-                    self._queue_0(m, stage, hdr=hdr, msn=msn, active=active, received=received,
-                                  receive=receive, report=report, push=push, ask=ask)
+                    self._queue_0(m, stage, hdr=hdr, ok=ok, active=active, receive=receive,
+                                  report=report, push=push, ask=ask)
                 with m.Else():
                     stage.goto("TAKE")
                     with m.If(hdr.fpdu_bad):
@@ -362,7 +449,7 @@ class SegmentPlacer(wiring.Component):
                     report(tagged_code)
         with stage.state("ROUTE"):
             # `ok` is now the lookup's verdict.
-            with m.If(routes.w_rdy):
+            with m.If(room_for_route):
                 push(place=hdr.ok, addr=addr)
                 stage.goto("TAKE")
         with stage.state("RESPONSE"):
@@ -374,21 +461,38 @@ class SegmentPlacer(wiring.Component):
                 with m.If(hdr.has_payload & (result.payload.fault != Fault.NONE)):
                     report(tagged_code)
                     push(read=CompletionStatus.LOC_PROT_ERR)
-                with m.Elif(hdr.last & (got_end != size)):
+                with m.Elif(hdr.last & ~ok["full"]):
                     report(TerminateCode.RDMAP_CATASTROPHIC_STREAM)
                     push(place=hdr.has_payload, addr=where)
                 with m.Elif(hdr.last):
                     push(place=hdr.has_payload, addr=where, read=CompletionStatus.SUCCESS)
                     m.d.comb += self.i_outstanding.ready.eq(1)
-                    m.d.sync += got.eq(0)
+                    m.d.sync += fresh.eq(1)
                 with m.Else():
                     push(place=hdr.has_payload, addr=where)
-                    m.d.sync += got.eq(got_end[:32])
+                    m.d.sync += [fresh.eq(0),
+                                 expect_to.eq(wrap_add(m, hdr.to, hdr.length, 64, "to_next")),
+                                 room_read.eq(wrap_sub(m, left, hdr.length, 32, "read_left"))]
+        with stage.state("ATOMIC"):
+            # The atomic's sink checked: its original value placed there.
+            m.d.comb += result.ready.eq(1)
+            with m.If(result.valid):
+                stage.goto("TAKE")
+                with m.If(result.payload.fault != Fault.NONE):
+                    report(TerminateCode.RDMAP_LOCAL_CATASTROPHIC, copy=False)
+                    push(read=CompletionStatus.LOC_PROT_ERR)
+                with m.Else():
+                    push(place=1, addr=result.payload.addr, read=CompletionStatus.SUCCESS,
+                         inline=answer.value)
+                    m.d.comb += self.i_outstanding.ready.eq(1)
         with stage.state("BUFFER"):
             # The receive's buffer checked (a receive without one has nothing to check).
             m.d.comb += result.ready.eq(receive.sges)
             with m.If(result.valid | ~receive.sges):
-                m.d.sync += [base.eq(result.payload.addr), received.eq(0), active.eq(1)]
+                m.d.sync += [next_addr.eq(result.payload.addr), received.eq(0), active.eq(1),
+                             room.eq(Mux(receive.sges, receive.length, 0)),
+                             ok["room"].eq(widened(m, hdr.length, 32, "length_32") <=
+                                           Mux(receive.sges, receive.length, 0))]
                 with m.If(receive.sges & (result.payload.fault != Fault.NONE)):
                     report(TerminateCode.RDMAP_LOCAL_CATASTROPHIC, copy=False)
                     push(status=CompletionStatus.LOC_PROT_ERR)
@@ -414,29 +518,30 @@ class SegmentPlacer(wiring.Component):
             with m.If(immediate):
                 push(status=CompletionStatus.SUCCESS, byte_len=received)
                 finish()
-            with m.Elif(too_long):
+            with m.Elif(~ok["room"]):
                 report(TerminateCode.DDP_UNTAGGED_MESSAGE_TOO_LONG)
                 push(status=CompletionStatus.LOC_LEN_ERR, byte_len=received)
                 m.d.sync += active.eq(0)
             with m.Else():
-                where = wrap_add(m, base, received, 64, "place_addr")
                 with m.If(hdr.last):
-                    push(place=hdr.has_payload, addr=where, status=CompletionStatus.SUCCESS,
-                         byte_len=end[:32])
+                    push(place=hdr.has_payload, addr=next_addr, status=CompletionStatus.SUCCESS,
+                         byte_len=end)
                     finish()
                 with m.Else():
-                    push(place=hdr.has_payload, addr=where)
-                m.d.sync += received.eq(end[:32])
+                    push(place=hdr.has_payload, addr=next_addr)
+                m.d.sync += [received.eq(end),
+                             room.eq(wrap_sub(m, room, hdr.length, 32, "room_left")),
+                             next_addr.eq(wrap_add(m, next_addr, hdr.length, 64, "addr_next"))]
 
-    def _queue_0(self, m, stage, *, hdr, msn, active, received, receive, report, push, ask):
+    def _queue_0(self, m, stage, *, hdr, ok, active, receive, report, push, ask):
         """A good queue 0 segment, when the outputs are free: its MSN and MO, and for a new
         message its receive."""
         stage.goto("TAKE")
-        with m.If(hdr.msn != msn):
+        with m.If(~ok["msn_0"]):
             report(TerminateCode.DDP_UNTAGGED_INVALID_MSN_RANGE)
             push()
         with m.Elif(active):
-            with m.If(hdr.mo != received):
+            with m.If(~ok["mo"]):
                 report(TerminateCode.DDP_UNTAGGED_INVALID_MO)
                 push()
             with m.Else():
@@ -487,9 +592,36 @@ class SegmentPlacer(wiring.Component):
                     m.d.sync += sent.eq(1)
                 with m.Else():
                     m.d.comb += routes.r_en.eq(1)
+        with m.Elif(routes.r_rdy & route.inline & ~sent):
+            self._inline(m, route, asked, sent, routes)
         with m.Elif(routes.r_rdy):
             m.d.comb += [self.o_complete.valid.eq(route.complete),
                          self.o_read_done.valid.eq(route.read_done)]
             with m.If(Mux(route.complete, self.o_complete.ready, self.o_read_done.ready)):
                 m.d.comb += routes.r_en.eq(1)
                 m.d.sync += sent.eq(0)
+
+    def _inline(self, m, route, asked, sent, routes):
+        """The placement of an atomic's original value: its request, then the 8 octets from
+        the route (little-endian, as the model writes the value) in beats of ``data_bytes``."""
+        n, place, data = self.data_bytes, self.o_place, self.o_data
+        beats = max(1, _ATOMIC_BYTES // n)
+        beat = Signal(range(beats + 1))
+        with m.If(~asked & ~place.valid):
+            m.d.sync += [place.valid.eq(1), place.payload.addr.eq(route.addr),
+                         place.payload.length.eq(_ATOMIC_BYTES), asked.eq(1)]
+        lanes = min(n, _ATOMIC_BYTES)
+        last = eq(beat, beats - 1) if beats > 1 else Const(1, 1)
+        m.d.comb += [data.valid.eq(asked), data.payload.last.eq(last),
+                     data.payload.keep.eq(mask(lanes)),
+                     data.payload.data.eq(select(m, beat, [
+                         route.value[8 * lanes * k:8 * lanes * (k + 1)] for k in range(beats)],
+                         8 * lanes, "inline_beat") if beats > 1 else route.value)]
+        with m.If(data.valid & data.ready):
+            m.d.sync += beat.eq(add(beat, 1))
+            with m.If(last):
+                m.d.sync += [asked.eq(0), beat.eq(0)]
+                with m.If(route.read_done):
+                    m.d.sync += sent.eq(1)
+                with m.Else():
+                    m.d.comb += routes.r_en.eq(1)

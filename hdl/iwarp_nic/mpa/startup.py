@@ -13,7 +13,7 @@ from amaranth.lib import enum, stream, wiring
 from amaranth.lib.data import StructLayout
 from amaranth.lib.wiring import In, Out
 
-from ..exact import add, eq, gt, lt, one_of, select, sub, wire
+from ..exact import add, eq, gt, is_zero, lt, one_of, select, sub, wire
 from ..stream import BeatStream, check_data_bytes
 from ..width import BeatDownsizer, BeatUpsizer
 
@@ -213,13 +213,17 @@ class StartupReader(wiring.Component):
             with m.Elif(eq(offset, 19)):
                 length = Signal(16)
                 m.d.comb += length.eq(Cat(octet, pd_high))
+                # Compared octet by octet: PD_Length above 512, below 4, 0.
+                high = _MAX_PRIVATE >> 8
+                over = gt(pd_high, high) | (eq(pd_high, high) & ~is_zero(octet))
+                short = is_zero(pd_high) & lt(octet, _ENHANCED)
                 m.d.sync += [pd_length.eq(length), total.eq(add(length[:10], _HEADER)),
-                             field_bad.eq(s_flag & (~eq(revision, 2) | lt(length, _ENHANCED)))]
+                             field_bad.eq(s_flag & (~eq(revision, 2) | short))]
                 with m.If(~one_of(revision, (1, 2))):
                     fail(StartupError.REVISION)
-                with m.Elif(gt(length, _MAX_PRIVATE)):
+                with m.Elif(over):
                     fail(StartupError.PD_LENGTH)
-                with m.Elif(eq(length, 0)):
+                with m.Elif(is_zero(pd_high) & is_zero(octet)):
                     m.d.sync += finishing.eq(1)
             with m.Else():
                 with m.If(in_enhanced):
