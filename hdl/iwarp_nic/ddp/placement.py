@@ -191,8 +191,9 @@ class SegmentPlacer(wiring.Component):
     Throughput: a segment is decided while the payloads of the ones before are still going out
     (a queue of three decisions), so placement runs at one payload beat per cycle for segments
     longer than the decision's few cycles plus, for a Write or a message's first segment, the
-    table's latency. Latency: the placement request is offered three cycles after the lookup
-    result arrives, two after the header when there is no lookup. Back-pressure on any output
+    table's latency. Latency: the placement request is offered four cycles after the lookup
+    result arrives, three after the header when there is no lookup (a cycle to take the header
+    and make its checks, one to decide, one to write the route, one to read it). Back-pressure on any output
     holds the stages behind it; the FIFO then stalls ``i_payload``. A payload packet longer
     than ``fifo_beats`` would never fit: the deframer's ``max_ulpdu`` must keep segments below
     it.
