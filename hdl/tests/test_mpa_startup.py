@@ -9,7 +9,8 @@ idles and stalls. It must give the frame the model decodes (every field), its pr
 and every octet after the frame, in order. Bad frames (a wrong key octet anywhere, Rev 0 or 3,
 PD_Length over 512, the S flag with Rev 1 or with PD_Length below 4) must give the error the
 model raises, and nothing after it. The writer, given a frame's fields and private data, must
-write the octets of the model's encoding.
+write the octets of the model's encoding, and tshark must read its Request and Reply at the
+head of a TCP stream with those fields.
 """
 
 import random
@@ -196,3 +197,35 @@ def test_writer(n):
     for reply in (False, True):
         frames = [random_frame(rng, reply) for _ in range(4 if n == 1 else 8)]
         assert write(n, reply, frames, seed=n) == [f.encode() for f in frames]
+
+
+@pytest.mark.tshark
+@pytest.mark.parametrize("n", [1, 8, 64])
+def test_tshark_writer(tmp_path, n):
+    """tshark reads the writer's Request and Reply at the head of a TCP stream with the fields
+    they were given (Wireshark 4.0 shows S as a reserved bit and the RFC 6581 data as private
+    data)."""
+    from iwarp_model.capture import StreamCapture
+    from iwarp_tb.tshark import decode, fields
+
+    rng = random.Random(70 + n)
+    for k in range(3):
+        request, reply = random_frame(rng, False), random_frame(rng, True)
+        (request_octets,) = write(n, False, [request], seed=k)
+        (reply_octets,) = write(n, True, [reply], seed=k + 10)
+        path = tmp_path / f"startup_w{n}_{k}.pcap"
+        with StreamCapture(path, ("10.0.0.1", 40000), ("10.0.0.2", 5000)) as capture:
+            capture.sent(request_octets)
+            capture.received(reply_octets)
+        root, _ = decode(path)
+        assert len(fields(root, "iwarp_mpa.key.req")) == len(fields(root, "iwarp_mpa.key.rep")) == 1
+        for name, get in (("marker_flag", lambda f: int(f.markers)),
+                          ("crc_flag", lambda f: int(f.crc)),
+                          ("rej_flag", lambda f: int(f.reject)),
+                          ("res", lambda f: f"0x{0x10 if f.enhanced else 0:02x}"),
+                          ("rev", lambda f: f.revision), ("pdlength", lambda f: f.pd_length)):
+            shown = [f.get("show") for f in fields(root, f"iwarp_mpa.{name}")]
+            assert shown == [str(get(request)), str(get(reply))], name
+        private = [bytes.fromhex(f.get("show").replace(":", ""))
+                   for f in fields(root, "iwarp_mpa.privatedata")]
+        assert private == [o[20:] for o in (request_octets, reply_octets) if len(o) > 20]
