@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 from amaranth import Cat, Const, Mux, Signal, Value
 
-__all__ = ["mask", "eq", "one_of", "ne", "lt", "gt", "add", "sub", "wrap_add", "wrap_sub",
+__all__ = ["mask", "eq", "one_of", "same", "ne", "lt", "gt", "add", "sub", "wrap_add", "wrap_sub",
            "is_zero", "select", "Machine", "wire", "shift_right", "widened"]
 
 
@@ -36,6 +36,13 @@ def eq(a, value):
 def one_of(a, values):
     """``a`` equals one of the ints ``values``."""
     return Cat(eq(a, v) for v in values).any()
+
+
+def same(a, b):
+    """``a == b`` for two values of one width, as a reduction of their XOR: it stays lint-clean
+    when synthesis finds one side constant (``a == 0`` would be written as a logical not of a
+    vector, which Verilator rejects)."""
+    return ~(a ^ b).any()
 
 
 def ne(a, value):

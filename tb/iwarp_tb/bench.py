@@ -390,7 +390,8 @@ def _configured_receiver(width):
                 entry.pd.eq(_BENCH_PD), entry.access.eq(Access.REMOTE_WRITE),
                 entry.length.eq(1 << 40), entry.host_addr.eq(_BENCH_HOST),
                 rx.o_place.ready.eq(1), rx.o_fault.ready.eq(1), rx.o_error.ready.eq(1),
-                rx.o_header.ready.eq(1), rx.o_payload.ready.eq(1),
+                rx.o_header.ready.eq(1), rx.o_payload.ready.eq(1), rx.o_complete.ready.eq(1),
+                rx.o_read_done.ready.eq(1),
             ]
             with m.If(rx.i_write.ready):
                 m.d.sync += loaded.eq(1)

@@ -43,6 +43,7 @@ from ..exact import (
     is_zero,
     mask,
     one_of,
+    same,
     select,
     widened,
     wire,
@@ -193,10 +194,10 @@ class SegmentPlacer(wiring.Component):
     longer than the decision's few cycles plus, for a Write or a message's first segment, the
     table's latency. Latency: the placement request is offered four cycles after the lookup
     result arrives, three after the header when there is no lookup (a cycle to take the header
-    and make its checks, one to decide, one to write the route, one to read it). Back-pressure on any output
-    holds the stages behind it; the FIFO then stalls ``i_payload``. A payload packet longer
-    than ``fifo_beats`` would never fit: the deframer's ``max_ulpdu`` must keep segments below
-    it.
+    and make its checks, one to decide, one to write the route, one to read it). Back-pressure
+    on any output holds the stages behind it; the FIFO then stalls ``i_payload``. A payload
+    packet longer than ``fifo_beats`` would never fit: the deframer's ``max_ulpdu`` must keep
+    segments below it.
     """
 
     def __init__(self, data_bytes, *, pd_bits=16, fifo_beats=512):
@@ -295,13 +296,13 @@ class SegmentPlacer(wiring.Component):
             incoming.head[8 * rdmap_header:8 * (rdmap_header + ATOMIC_RESPONSE.length)])
         left = Mux(fresh, head.size, room_read)
         checks = {
-            "msn_0": incoming.msn == msn, "msn_3": incoming.msn == msn_3,
-            "mo": incoming.mo == received, "head": self.i_outstanding.valid,
-            "stag": incoming.stag == head.stag,
-            "to": incoming.to == Mux(fresh, head.to, expect_to),
+            "msn_0": same(incoming.msn, msn), "msn_3": same(incoming.msn, msn_3),
+            "mo": same(incoming.mo, received), "head": self.i_outstanding.valid,
+            "stag": same(incoming.stag, head.stag),
+            "to": same(incoming.to, Mux(fresh, head.to, expect_to)),
             "fits": widened(m, incoming.length, 32, "in_length_32") <= left,
-            "full": widened(m, incoming.length, 32, "in_length_32f") == left,
-            "request": incoming_answer.request_id == head.request_id,
+            "full": same(widened(m, incoming.length, 32, "in_length_32f"), left),
+            "request": same(incoming_answer.request_id, head.request_id),
             "room": widened(m, incoming.length, 32, "in_length_32r") <= room,
             # and what the segment is
             "write": incoming.ok & eq(incoming.opcode, _WRITE),
