@@ -2,8 +2,7 @@
 untagged queue 0 placement into posted buffers, MSN/MO, their errors), RFC 5040 sections 5.1
 to 5.3, 6 and 7 (RDMA Write, Read Response, Send and its SE and Invalidate variants, remote
 invalidation, access rights), RFC 7306 sections 5.2.2 and 6 (Atomic Response, Immediate Data),
-with the checks RFC 5042
-sections 5 and 6 ask for before any octet is placed.
+with the checks RFC 5042 sections 5 and 6 ask for before any octet is placed.
 
 :class:`SegmentPlacer` stands between the :class:`~.segment.SegmentParser` and host memory. It
 decides, one segment at a time in stream order, where each payload goes, exactly as the model's
@@ -295,15 +294,16 @@ class SegmentPlacer(wiring.Component):
         incoming_answer = ATOMIC_RESPONSE.unpack(
             incoming.head[8 * rdmap_header:8 * (rdmap_header + ATOMIC_RESPONSE.length)])
         left = Mux(fresh, head.size, room_read)
+        incoming_length = widened(m, incoming.length, 32, "in_length_32")
         checks = {
             "msn_0": same(incoming.msn, msn), "msn_3": same(incoming.msn, msn_3),
             "mo": same(incoming.mo, received), "head": self.i_outstanding.valid,
             "stag": same(incoming.stag, head.stag),
             "to": same(incoming.to, Mux(fresh, head.to, expect_to)),
-            "fits": widened(m, incoming.length, 32, "in_length_32") <= left,
-            "full": same(widened(m, incoming.length, 32, "in_length_32f"), left),
+            "fits": incoming_length <= left,
+            "full": same(incoming_length, left),
             "request": same(incoming_answer.request_id, head.request_id),
-            "room": widened(m, incoming.length, 32, "in_length_32r") <= room,
+            "room": incoming_length <= room,
             # and what the segment is
             "write": incoming.ok & eq(incoming.opcode, _WRITE),
             "read_response": incoming.ok & eq(incoming.opcode, _READ_RESPONSE),
@@ -577,11 +577,24 @@ class SegmentPlacer(wiring.Component):
                      self.o_complete.payload.eq(route.completion),
                      self.o_read_done.payload.id.eq(route.completion.id),
                      self.o_read_done.payload.status.eq(route.completion.status)]
+
+        def request():
+            """Offer the placement request of the route at the head, once."""
+            with m.If(~asked & ~place.valid):
+                m.d.sync += [place.valid.eq(1), place.payload.addr.eq(route.addr),
+                             place.payload.length.eq(route.length), asked.eq(1)]
+
+        def gone():
+            """The packet (or the inline value) has left: its completion is next, if any."""
+            m.d.sync += asked.eq(0)
+            with m.If(route.complete | route.read_done):
+                m.d.sync += sent.eq(1)
+            with m.Else():
+                m.d.comb += routes.r_en.eq(1)
+
         with m.If(routes.r_rdy & route.packet & ~sent):
             with m.If(route.place):
-                with m.If(~asked & ~place.valid):
-                    m.d.sync += [place.valid.eq(1), place.payload.addr.eq(route.addr),
-                                 place.payload.length.eq(route.length), asked.eq(1)]
+                request()
                 m.d.comb += [data.valid.eq(fifo.o.valid & asked),
                              fifo.o.ready.eq(data.ready & asked)]
             with m.Elif(route.forward):
@@ -589,13 +602,10 @@ class SegmentPlacer(wiring.Component):
             with m.Else():
                 m.d.comb += fifo.o.ready.eq(1)
             with m.If(fifo.o.valid & fifo.o.ready & fifo.o.payload.last):
-                m.d.sync += asked.eq(0)
-                with m.If(route.complete | route.read_done):
-                    m.d.sync += sent.eq(1)
-                with m.Else():
-                    m.d.comb += routes.r_en.eq(1)
+                gone()
         with m.Elif(routes.r_rdy & route.inline & ~sent):
-            self._inline(m, route, asked, sent, routes)
+            request()
+            self._inline(m, route, asked, gone)
         with m.Elif(routes.r_rdy):
             m.d.comb += [self.o_complete.valid.eq(route.complete),
                          self.o_read_done.valid.eq(route.read_done)]
@@ -603,15 +613,13 @@ class SegmentPlacer(wiring.Component):
                 m.d.comb += routes.r_en.eq(1)
                 m.d.sync += sent.eq(0)
 
-    def _inline(self, m, route, asked, sent, routes):
-        """The placement of an atomic's original value: its request, then the 8 octets from
-        the route (little-endian, as the model writes the value) in beats of ``data_bytes``."""
-        n, place, data = self.data_bytes, self.o_place, self.o_data
+    def _inline(self, m, route, asked, gone):
+        """The data of an atomic's original value, once its placement request is taken: the 8
+        octets from the route (little-endian, as the model writes the value) in beats of
+        ``data_bytes``; ``gone`` after the last."""
+        n, data = self.data_bytes, self.o_data
         beats = max(1, _ATOMIC_BYTES // n)
         beat = Signal(range(beats + 1))
-        with m.If(~asked & ~place.valid):
-            m.d.sync += [place.valid.eq(1), place.payload.addr.eq(route.addr),
-                         place.payload.length.eq(_ATOMIC_BYTES), asked.eq(1)]
         lanes = min(n, _ATOMIC_BYTES)
         last = eq(beat, beats - 1) if beats > 1 else Const(1, 1)
         m.d.comb += [data.valid.eq(asked), data.payload.last.eq(last),
@@ -622,8 +630,5 @@ class SegmentPlacer(wiring.Component):
         with m.If(data.valid & data.ready):
             m.d.sync += beat.eq(add(beat, 1))
             with m.If(last):
-                m.d.sync += [asked.eq(0), beat.eq(0)]
-                with m.If(route.read_done):
-                    m.d.sync += sent.eq(1)
-                with m.Else():
-                    m.d.comb += routes.r_en.eq(1)
+                m.d.sync += beat.eq(0)
+                gone()
