@@ -17,6 +17,7 @@ def tops():
     from .ddp.emit import SegmentEmitter
     from .ddp.placement import SegmentPlacer
     from .ddp.receive import StreamReceiver
+    from .ddp.rtr import RtrCheck
     from .ddp.segment import SegmentParser
     from .ddp.send import StreamSender
     from .ddp.stag import StagTable
@@ -26,7 +27,7 @@ def tops():
     from .hdrparse import HeaderEmitter, HeaderParser
     from .headers import ETHERNET
     from .ip import IpStack
-    from .mpa import FpduDeframer, FpduFramer, StartupReader, StartupWriter
+    from .mpa import FpduDeframer, FpduFramer, MpaNegotiator, StartupReader, StartupWriter
     from .node import IpNode, TcpNode
     from .rdmap import ReadResponder, SendScheduler, TerminateEmitter, TerminateParser
     from .tcp.isn import IsnGenerator
@@ -48,6 +49,7 @@ def tops():
         tops[f"iwarp_mpa_deframer_w{n}"] = lambda n=n: FpduDeframer(n)
         tops[f"iwarp_mpa_startup_reader_w{n}"] = lambda n=n: StartupReader(n)
         tops[f"iwarp_mpa_startup_writer_w{n}"] = lambda n=n: StartupWriter(n)
+        tops[f"iwarp_mpa_negotiator_w{n}"] = lambda n=n: MpaNegotiator(n)
         tops[f"iwarp_rdmap_terminate_w{n}"] = lambda n=n: TerminateEmitter(n)
         tops[f"iwarp_rdmap_terminate_parser_w{n}"] = lambda n=n: TerminateParser(n)
         tops[f"iwarp_ddp_segment_w{n}"] = lambda n=n: SegmentParser(n)
@@ -66,6 +68,7 @@ def tops():
     tops["iwarp_beat_downsizer_w8_w1"] = lambda: BeatDownsizer(8, 1, err=True)
     tops["iwarp_rdmap_read_responder"] = ReadResponder
     tops["iwarp_rdmap_send_scheduler"] = SendScheduler
+    tops["iwarp_ddp_rtr_check"] = RtrCheck
     tops["iwarp_ddp_stag_e256"] = lambda: StagTable(256)
     tops["iwarp_ddp_stag_e4096"] = lambda: StagTable(4096)
     tops["iwarp_tcp_isn"] = lambda: IsnGenerator(156_250_000)

@@ -20,15 +20,16 @@ import random
 import pytest
 
 from iwarp_model import verbs
-from iwarp_model.engine import Connection
+from iwarp_model.engine import Connection, ConnState, Rtr
 from iwarp_model.mr import Access
 from iwarp_model.transport.memory import MemoryPair
 from iwarp_model.wire.fpdu import Framer
-from iwarp_model.wire.rdmap import AtomicResponse, ImmediateData, Opcode, Segment
+from iwarp_model.wire.rdmap import AtomicResponse, ImmediateData, Opcode, ReadRequest, Segment
 from iwarp_model.wire.terminate import ErrorCode
 from iwarp_nic.ddp.placement import CompletionStatus
 from iwarp_nic.ddp.receive import StreamReceiver
 from iwarp_nic.errors import OFFENDING_BYTES, TerminateCode
+from iwarp_nic.mpa import Rtr as HwRtr
 from iwarp_tb.amsim import run
 from iwarp_tb.receive import configure
 from iwarp_tb.stags import HostTable
@@ -60,7 +61,7 @@ class Scene:
     only for Remote Read, fast-registered regions of its PD and one of another PD, connected
     to a model peer; and the same regions as the gateware's table sees them."""
 
-    def __init__(self, rng, *, crc, markers):
+    def __init__(self, rng, *, crc, markers, rtr=None):
         self.rng = rng
         self.dev, self.pd, self.cq, self.qp = _end("b")
         other = self.dev.alloc_pd()
@@ -72,10 +73,28 @@ class Scene:
         self.regions = [self.buffer, self.no_local, *self.fmrs, self.foreign]
         self.host = HostTable(rng, table=self.dev.mr_table, pds=0)
         peer_qp = _end("a")[3]
-        # This end is the initiator, free to send its Read Requests at once (RFC 5044 7.1.2).
-        self.conn = Connection(self.qp, active=True, crc=crc, markers=markers)
-        self.peer = Connection(peer_qp, active=False, crc=crc, markers=markers)
-        MemoryPair(self.conn, self.peer).start()
+        if rtr is None:
+            # This end is the initiator, free to send its Read Requests at once (RFC 5044
+            # 7.1.2).
+            self.conn = Connection(self.qp, active=True, crc=crc, markers=markers)
+            self.peer = Connection(peer_qp, active=False, crc=crc, markers=markers)
+            MemoryPair(self.conn, self.peer).start()
+        else:
+            # A peer-to-peer Responder awaiting the RTR ``rtr``: the peer's own RTR is held
+            # back, the test sends the first FPDU.
+            options = {"crc": crc, "markers": markers, "p2p": True, "rtr": (rtr,)}
+            self.conn = Connection(self.qp, active=False, **options)
+            self.peer = Connection(peer_qp, active=True, **options)
+            self.conn.start()
+            self.peer.start()
+            self.conn.receive(self.peer.transmit())
+            self.peer.receive(self.conn.transmit())
+            assert self.peer.transmit() and self.conn.state == ConnState.AWAIT_RTR
+            # The peer's framer as it was before its RTR (markers count from the stream's
+            # first FPDU).
+            agreed = self.peer.negotiated
+            self.peer._framer = Framer(crc=agreed.crc, markers=agreed.tx_markers(initiator=True),
+                                       emss=self.peer.emss)
         self.receives = []          # the gateware's PostedReceive of each receive posted
         self.outstanding = []       # the gateware's OutstandingRead of each Read posted
         self.msn = self.msn_3 = 1
@@ -213,9 +232,12 @@ class Scene:
         return wcs, self.conn.terminate_sent
 
 
-def simulate(n, scene, ulpdus, *, crc, markers, seed, late=False):
+def simulate(n, scene, ulpdus, *, crc, markers, seed, late=False, rtr=HwRtr.NONE,
+             forwarded=0):
     """Run ``ulpdus`` through the gateware and the model and compare. ``late``: the receives
-    are offered one at a time with delays, ``receive_pending`` set meanwhile."""
+    are offered one at a time with delays, ``receive_pending`` set meanwhile. ``rtr``: the
+    RTR the gateware awaits; ``forwarded``: headers it must pass on (a Read RTR's). The
+    gateware's ``started`` is returned too."""
     rng = random.Random(seed)
     framer = Framer(crc=crc, markers=markers)
     octets = b"".join(framer.frame(u) for u in ulpdus)
@@ -229,10 +251,12 @@ def simulate(n, scene, ulpdus, *, crc, markers, seed, late=False):
 
     async def source(ctx):
         bus = AmaranthBus(ctx)
+        ctx.set(dut.rtr, rtr)
         await configure(ctx, dut, writes, scene.pd.handle, crc=crc, markers=markers)
         await send_packets(bus, StreamPort.amaranth(dut.i), tcp_chunks(rng, octets), n,
                            rng=random.Random(seed + 1), idle=IDLE)
         await until_quiet(ctx, outputs, 500)     # every output quiet for a while
+        got["started"] = ctx.get(dut.started)
 
     async def receives(ctx):
         bus, r = AmaranthBus(ctx), random.Random(seed + 9)
@@ -261,18 +285,18 @@ def simulate(n, scene, ulpdus, *, crc, markers, seed, late=False):
                 monitor("errors", dut.o_error, 7)]
     # The receives a stream that failed does not take are left on offer.
     run(dut, source, monitors=[receives, outstanding, *monitors], name=f"ddp_engine_w{n}")
-    compare(scene, before, got, wcs, terminate)
-    return wcs, terminate
+    compare(scene, before, got, wcs, terminate, forwarded)
+    return wcs, terminate, got["started"]
 
 
-def compare(scene, before, got, wcs, terminate):
+def compare(scene, before, got, wcs, terminate, forwarded):
     """The gateware did what the model did: memory, completions, Terminate."""
     receives = (verbs.WcOpcode.RECV, verbs.WcOpcode.RECV_RDMA_WITH_IMM)
     reads = [wc for wc, _ in wcs if wc.opcode not in receives]     # Reads and atomics
     assert [(r["id"], r["status"]) for r in got["reads"]] == [
         (wc.wr_id, CompletionStatus(int(wc.status))) for wc in reads]
     wcs = [(wc, s) for wc, s in wcs if wc.opcode in receives]
-    assert not got["errors"] and not got["headers"]
+    assert not got["errors"] and len(got["headers"]) == forwarded
     # Memory: the placements, applied to the regions' host addresses.
     spans = {stag: (scene.host.host_addr(stag), len(memory))
              for stag, memory in scene.memory.items()}
@@ -352,7 +376,7 @@ def test_traffic(n, crc, markers):
     completed and invalidated as the model does, with no Terminate."""
     scene = Scene(random.Random(n * 2 + crc), crc=crc, markers=markers)
     ulpdus = traffic(scene, 8 if n == 1 else 24)
-    wcs, terminate = simulate(n, scene, ulpdus, crc=crc, markers=markers, seed=n)
+    wcs, terminate, _ = simulate(n, scene, ulpdus, crc=crc, markers=markers, seed=n)
     assert terminate is None and len(wcs) == len(scene.receives) + len(scene.outstanding)
     assert {wc.wc_flags for wc, _ in wcs} >= {verbs.WcFlags.WITH_IMM, verbs.WcFlags.WITH_INV}
     assert scene.outstanding
@@ -363,7 +387,7 @@ def test_receives_offered_late(n):
     """Receives still being fetched (``receive_pending``): each message waits for its own."""
     scene = Scene(random.Random(20 + n), crc=True, markers=False)
     ulpdus = traffic(scene, 6 if n == 1 else 12, longest=600)
-    wcs, terminate = simulate(n, scene, ulpdus, crc=True, markers=False, seed=n, late=True)
+    wcs, terminate, _ = simulate(n, scene, ulpdus, crc=True, markers=False, seed=n, late=True)
     assert terminate is None and len(wcs) == len(scene.receives) + len(scene.outstanding)
 
 
@@ -482,5 +506,59 @@ def test_violation(n, kind):
     # After it, Writes and a Send (no receive posted: the queue must be empty for no_buffer).
     ulpdus += bad + [scene.write(rng.randrange(1, 300)) for _ in range(3)]
     ulpdus += scene.message(Opcode.SEND, 50)
-    _, terminate = simulate(n, scene, ulpdus, crc=True, markers=bool(n % 2), seed=n)
+    _, terminate, _ = simulate(n, scene, ulpdus, crc=True, markers=bool(n % 2), seed=n)
     assert terminate is not None and terminate.code == code
+
+
+
+#: Each case of a peer-to-peer stream's first FPDU: the RTR awaited, and whether it matches.
+RTR_CASES = {"write": (Rtr.WRITE, True), "send": (Rtr.SEND, True), "read": (Rtr.READ, True),
+             "send_for_write": (Rtr.WRITE, False), "write_with_data": (Rtr.WRITE, False),
+             "send_with_data": (Rtr.SEND, False), "send_msn_2": (Rtr.SEND, False),
+             "read_sized": (Rtr.READ, False), "write_bad_version": (Rtr.WRITE, False)}
+
+
+def _first_fpdu(case, scene):
+    """The first ULPDU of ``case``."""
+    def read(size):
+        return Segment(Opcode.READ_REQUEST, msn=1, header=ReadRequest(
+            scene.buffer.stag, scene.buffer.iova, size, 0x1234, 0)).encode()
+    return {
+        "write": lambda: Segment(Opcode.WRITE, b"").encode(),
+        "send": lambda: Segment(Opcode.SEND, b"", msn=1).encode(),
+        "read": lambda: read(0),
+        "send_for_write": lambda: Segment(Opcode.SEND, b"", msn=1).encode(),
+        "write_with_data": lambda: scene.write(scene.rng.randrange(1, 300)),
+        "send_with_data": lambda: Segment(Opcode.SEND, b"x" * 10, msn=1).encode(),
+        "send_msn_2": lambda: Segment(Opcode.SEND, b"", msn=2).encode(),
+        "read_sized": lambda: read(5),
+        # DDP version 0 in a tagged segment's control octet (the model cannot decode it)
+        "write_bad_version": lambda: bytes([0x80 | 0x40, 0]) + bytes(12),
+    }[case]()
+
+
+@pytest.mark.parametrize("n", [1, 8, 64])
+@pytest.mark.parametrize("case", list(RTR_CASES))
+def test_rtr(n, case):
+    """A peer-to-peer Responder's first FPDU: the RTR agreed on lets the stream start (a Send
+    RTR uses MSN 1 and no receive, a Read RTR is passed on to be answered); anything else is
+    the model's "No matching RTR" Terminate, with nothing placed or completed after it."""
+    rtr, matches = RTR_CASES[case]
+    rng = random.Random(list(RTR_CASES).index(case) * 3 + n)
+    scene = Scene(rng, crc=bool(n % 2), markers=True, rtr=rtr)
+    first = _first_fpdu(case, scene)
+    if case == "send":
+        scene.msn = 2
+    ulpdus = [first]
+    for _ in range(3):
+        ulpdus.append(scene.write(rng.randrange(1, 300)))
+        length = rng.randrange(200)
+        scene.post(length + 10)
+        ulpdus += scene.message(Opcode.SEND, length)
+    hw_rtr = {Rtr.WRITE: HwRtr.WRITE, Rtr.SEND: HwRtr.SEND, Rtr.READ: HwRtr.READ}[rtr]
+    wcs, terminate, started = simulate(n, scene, ulpdus, crc=bool(n % 2), markers=True,
+                                       seed=n, rtr=hw_rtr, forwarded=int(case == "read"))
+    if matches:
+        assert terminate is None and started and len(wcs) == 3
+    else:
+        assert terminate.code == ErrorCode.MPA_NO_MATCHING_RTR and not started and not wcs

@@ -26,8 +26,9 @@ from iwarp_model.wire.errors import (
     WireError,
 )
 from iwarp_model.wire.mpa import EnhancedData, MpaFrame, MpaFrameReader
-from iwarp_nic.mpa.startup import StartupError, StartupReader, StartupWriter
+from iwarp_nic.mpa.startup import StartupReader, StartupWriter
 from iwarp_tb.amsim import run
+from iwarp_tb.startup import ERROR_OF, fields
 from iwarp_tb.streams import (
     AmaranthBus,
     StreamPort,
@@ -40,8 +41,6 @@ from iwarp_tb.streams import (
 )
 
 IDLE = STALL = 0.25
-ERROR_OF = {BadKeyError: StartupError.KEY, BadVersionError: StartupError.REVISION,
-            OversizeError: StartupError.PD_LENGTH, BadFieldError: StartupError.FIELD}
 
 
 def random_frame(rng, reply):
@@ -100,17 +99,6 @@ def simulate(n, reply, octets, *, seed):
         return frame
     assert got_frame == fields(frame)
     return frame
-
-
-def fields(frame):
-    """The StartupFrame fields of the model's ``frame``."""
-    e = frame.enhanced
-    return {"error": StartupError.NONE, "markers": frame.markers, "crc": frame.crc,
-            "reject": frame.reject, "enhanced": e is not None, "revision": frame.revision,
-            "pd_length": frame.pd_length, "private_length": len(frame.private_data),
-            "ird": e.ird if e else 0, "ord": e.ord if e else 0,
-            "p2p": bool(e and e.peer_to_peer), "rtr_send": bool(e and e.rtr_send),
-            "rtr_write": bool(e and e.rtr_write), "rtr_read": bool(e and e.rtr_read)}
 
 
 @pytest.mark.parametrize("n", [1, 8, 64])
@@ -176,7 +164,8 @@ def write(n, reply, frames, *, seed):
         ctx.set(dut.reply, reply)
         bus = AmaranthBus(ctx)
         for frame in frames:
-            await send(bus, StreamPort.amaranth(dut.i_frame), [dict(fields(frame), error=0)])
+            written = {k: v for k, v in fields(frame).items() if k not in ("error", "pd_length")}
+            await send(bus, StreamPort.amaranth(dut.i_frame), [written])
             if frame.private_data:
                 await send_packets(bus, StreamPort.amaranth(dut.i_private),
                                    [frame.private_data], n, rng=rng, idle=IDLE)

@@ -130,8 +130,8 @@ def crc_fits():
 
 
 def iwarp_fits():
-    """The iWARP blocks at 8 bytes, each alone: the MPA framer, deframer and startup frames,
-    the DDP stages, the RX chain, the Terminate emitter and parser."""
+    """The iWARP blocks at 8 bytes, each alone: the MPA framer, deframer, startup frames and
+    negotiator, the DDP stages, the RX chain, the Terminate emitter and parser."""
     from iwarp_nic.ddp import (
         SegmentEmitter,
         SegmentParser,
@@ -140,12 +140,19 @@ def iwarp_fits():
         StreamReceiver,
         StreamSender,
     )
-    from iwarp_nic.mpa import FpduDeframer, FpduFramer, StartupReader, StartupWriter
+    from iwarp_nic.mpa import (
+        FpduDeframer,
+        FpduFramer,
+        MpaNegotiator,
+        StartupReader,
+        StartupWriter,
+    )
     from iwarp_nic.rdmap import ReadResponder, TerminateEmitter, TerminateParser
 
     for label, block in (("MPA framer", FpduFramer), ("MPA deframer", FpduDeframer),
                          ("MPA startup reader", StartupReader),
                          ("MPA startup writer", StartupWriter),
+                         ("MPA negotiator", MpaNegotiator),
                          ("DDP segment parser", SegmentParser),
                          ("DDP segment placer", SegmentPlacer),
                          ("DDP receive", StreamReceiver),

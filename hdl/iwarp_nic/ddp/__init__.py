@@ -12,6 +12,7 @@ from .placement import (
     SegmentPlacer,
 )
 from .receive import StreamReceiver
+from .rtr import RtrCheck
 from .segment import HEAD_BYTES, SegmentHeader, SegmentParser
 from .send import StreamSender
 from .stag import (
@@ -25,7 +26,7 @@ from .stag import (
     StagWrite,
 )
 
-__all__ = ["StreamReceiver", "StreamSender", "SegmentEmitter", "Message", "Fetch",
+__all__ = ["StreamReceiver", "RtrCheck", "StreamSender", "SegmentEmitter", "Message", "Fetch",
            "SegmentParser", "SegmentHeader", "HEAD_BYTES", "SegmentPlacer", "PlaceRequest",
            "PostedReceive", "CompletionStatus", "ReceiveCompletion", "OutstandingRead", "ReadDone",
            "StagTable", "Access", "Fault", "Entry", "StagWrite", "LookupRequest",

@@ -126,6 +126,9 @@ class SegmentPlacer(wiring.Component):
     receive_pending : In(1)
         A receive is posted that ``i_receive`` does not offer yet (it is being fetched): a
         message that finds ``i_receive`` empty waits for it instead of being refused.
+    send_rtr : In(1)
+        A cycle's pulse before the first segment: the peer's Send RTR (RFC 6581 section 7) used
+        queue 0's MSN 1 (:class:`~.rtr.RtrCheck`).
     i_outstanding : In(stream.Signature(OutstandingRead))
         The Reads and atomics this end has outstanding, oldest first, each offered from when
         its request is sent (long before an answer can come); one is taken when its Read
@@ -209,6 +212,7 @@ class SegmentPlacer(wiring.Component):
             "pd": In(pd_bits),
             "i_receive": In(stream.Signature(PostedReceive)),
             "receive_pending": In(1),
+            "send_rtr": In(1),
             "i_outstanding": In(stream.Signature(OutstandingRead)),
             "o_lookup": Out(stream.Signature(LookupRequest(pd_bits))),
             "i_lookup": In(stream.Signature(LookupResult)),
@@ -385,6 +389,9 @@ class SegmentPlacer(wiring.Component):
 
         def finish():
             m.d.sync += [active.eq(0), msn.eq(add(msn, 1))]
+
+        with m.If(self.send_rtr):
+            m.d.sync += msn.eq(add(msn, 1))
 
         stage = Machine(m, ["TAKE", "DECIDE", "WRITE", "ROUTE", "RESPONSE", "ATOMIC", "BUFFER",
                             "INVALIDATE", "ACCEPT"], "decide")

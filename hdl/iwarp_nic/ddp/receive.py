@@ -1,11 +1,11 @@
 """The receive path of one RDMAP stream, from TCP octets to placement: RFC 5044 section 6 (FPDU
 deframing), RFC 5041 sections 3, 4 and 7 (segments, tagged and untagged placement, errors),
 RFC 5040 sections 5.3 and 6 (Send, remote invalidation), RFC 5042 sections 5 and 6 (the checks
-before placement).
+before placement), RFC 6581 section 7 (the RTR check).
 
 :class:`StreamReceiver` chains the :class:`~iwarp_nic.mpa.FpduDeframer`, the
-:class:`~.segment.SegmentParser`, the :class:`~.placement.SegmentPlacer` and its
-:class:`~.stag.StagTable`.
+:class:`~.segment.SegmentParser`, the :class:`~.rtr.RtrCheck` (RFC 6581 section 7), the
+:class:`~.placement.SegmentPlacer` and its :class:`~.stag.StagTable`.
 """
 
 from amaranth import Module, Mux
@@ -16,8 +16,10 @@ from ..errors import Violation
 from ..exact import gt
 from ..mpa import FpduDeframer
 from ..mpa.deframer import ErrorKind
+from ..mpa.negotiate import Rtr
 from ..stream import BeatStream, check_data_bytes
 from . import placement
+from .rtr import RtrCheck
 from .segment import SegmentHeader, SegmentParser
 from .stag import StagTable, StagWrite
 
@@ -35,6 +37,11 @@ class StreamReceiver(wiring.Component):
     crc, markers, max_ulpdu, pd : In
         The negotiated MPA options, the largest ULPDU accepted (no more than
         :attr:`ulpdu_limit`, set by ``fifo_bytes``), the stream's protection domain.
+    rtr : In(Rtr)
+        The RTR a peer-to-peer Responder awaits as the first FPDU (:class:`~.rtr.RtrCheck`);
+        ``NONE`` otherwise.
+    started : Out(1)
+        The peer's first FPDU was taken (with ``rtr``: it matched): this end may send.
     i_write : In(stream.Signature(StagWrite(pd_bits, log2(stag_entries))))
         STag table entries from the host.
     i_receive, receive_pending, i_outstanding : In
@@ -70,6 +77,7 @@ class StreamReceiver(wiring.Component):
         super().__init__({
             "i": In(BeatStream(data_bytes)),
             "crc": In(1), "markers": In(1), "max_ulpdu": In(16), "pd": In(pd_bits),
+            "rtr": In(Rtr), "started": Out(1),
             "i_write": In(stream.Signature(StagWrite(pd_bits, index_bits))),
             "i_receive": In(stream.Signature(placement.PostedReceive)), "receive_pending": In(1),
             "i_outstanding": In(stream.Signature(placement.OutstandingRead)),
@@ -88,6 +96,7 @@ class StreamReceiver(wiring.Component):
         n = self.data_bytes
         m.submodules.deframer = deframer = FpduDeframer(n)
         m.submodules.parser = parser = SegmentParser(n)
+        m.submodules.rtr = rtr = RtrCheck()
         m.submodules.placer = placer = placement.SegmentPlacer(
             n, pd_bits=self.pd_bits, fifo_beats=self.fifo_beats)
         m.submodules.table = table = StagTable(self.stag_entries, pd_bits=self.pd_bits)
@@ -100,7 +109,10 @@ class StreamReceiver(wiring.Component):
         wiring.connect(m, wiring.flipped(self.i), deframer.i)
         wiring.connect(m, deframer.o, parser.i)
         wiring.connect(m, deframer.o_error, wiring.flipped(self.o_error))
-        wiring.connect(m, parser.o_header, placer.i_header)
+        wiring.connect(m, parser.o_header, rtr.i)
+        wiring.connect(m, rtr.o, placer.i_header)
+        m.d.comb += [rtr.expect.eq(self.rtr), placer.send_rtr.eq(rtr.o_send_rtr),
+                     self.started.eq(rtr.started)]
         wiring.connect(m, parser.o_payload, placer.i_payload)
         wiring.connect(m, placer.o_lookup, table.i_check)
         wiring.connect(m, table.o_check, placer.i_lookup)

@@ -1,9 +1,11 @@
-"""MPA (RFC 5044): the FPDU framer of the transmit side, the deframer of the receive side, the
-reader and writer of the startup frames."""
+"""MPA (RFC 5044, RFC 6581): the FPDU framer of the transmit side, the deframer of the receive
+side, the reader and writer of the startup frames and the negotiator that runs the exchange."""
 
 from .deframer import ErrorKind, FpduDeframer
 from .framer import FpduFramer, FpduRequest
+from .negotiate import Decision, MpaNegotiator, Negotiated, NegotiationConfig, Outcome, Rtr
 from .startup import StartupError, StartupFrame, StartupReader, StartupWriter
 
 __all__ = ["FpduFramer", "FpduRequest", "FpduDeframer", "ErrorKind", "StartupReader",
-           "StartupWriter", "StartupFrame", "StartupError"]
+           "StartupWriter", "StartupFrame", "StartupError", "MpaNegotiator", "NegotiationConfig",
+           "Decision", "Negotiated", "Outcome", "Rtr"]

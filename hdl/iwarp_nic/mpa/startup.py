@@ -13,12 +13,12 @@ from amaranth.lib import enum, stream, wiring
 from amaranth.lib.data import StructLayout
 from amaranth.lib.wiring import In, Out
 
-from ..exact import add, eq, gt, is_zero, lt, one_of, select, sub, wire
+from ..exact import add, eq, gt, is_zero, lt, one_of, same, select, sub, wire
 from ..stream import BeatStream, check_data_bytes
 from ..width import BeatDownsizer, BeatUpsizer
 
-__all__ = ["StartupError", "StartupFrame", "StartupReader", "StartupWriter", "KEY_REQUEST",
-           "KEY_REPLY"]
+__all__ = ["StartupError", "StartupFrame", "StartupFields", "StartupReader", "StartupWriter",
+           "KEY_REQUEST", "KEY_REPLY"]
 
 KEY_REQUEST = b"MPA ID Req Frame"
 KEY_REPLY = b"MPA ID Rep Frame"
@@ -38,14 +38,16 @@ class StartupError(enum.Enum, shape=3):
     FIELD = 4           # S with Rev 1, or S with PD_Length below 4 (BadFieldError), at the end
 
 
+_FIELDS = {"markers": 1, "crc": 1, "reject": 1, "enhanced": 1, "revision": 8,
+           "private_length": 10, "ird": 14, "ord": 14, "p2p": 1, "rtr_send": 1, "rtr_write": 1,
+           "rtr_read": 1}
 #: A startup frame, read: ``error``, then the fields of a good one. ``reject`` only in a Reply;
 #: ``enhanced`` (S) says ``ird``, ``ord``, ``p2p`` and the RTR flags were given (the RTR flags
 #: count only with ``p2p``); ``private_length`` octets of private data follow them.
-StartupFrame = StructLayout({
-    "error": StartupError, "markers": 1, "crc": 1, "reject": 1, "enhanced": 1, "revision": 8,
-    "pd_length": 16, "private_length": 10, "ird": 14, "ord": 14, "p2p": 1, "rtr_send": 1,
-    "rtr_write": 1, "rtr_read": 1,
-})
+StartupFrame = StructLayout({"error": StartupError, "pd_length": 16, **_FIELDS})
+#: A startup frame to write: :data:`StartupFrame`'s fields but ``error`` and ``pd_length``
+#: (worked out from the others).
+StartupFields = StructLayout(_FIELDS)
 
 
 def _ends(m, name, converter):
@@ -258,12 +260,11 @@ class StartupWriter(wiring.Component):
     -----
     reply : In(1)
         The frame to write: 0 a Request, 1 a Reply.
-    i_frame : In(stream.Signature(StartupFrame))
+    i_frame : In(stream.Signature(StartupFields))
         One transfer per frame: its flags (``reject`` only in a Reply), ``revision``, and
         with ``enhanced`` the RFC 6581 ``ird``, ``ord``, ``p2p`` and RTR flags; then
-        ``private_length`` octets of private data (``error`` and ``pd_length`` are not read:
-        PD_Length is worked out). The caller keeps ``private_length`` within 512 octets, the
-        enhanced data included.
+        ``private_length`` octets of private data. The caller keeps ``private_length`` within
+        512 octets, the enhanced data included.
     i_private : In(BeatStream(data_bytes))
         The private data, one packet of ``private_length`` octets (none when it is 0).
     o : Out(BeatStream(data_bytes))
@@ -277,7 +278,7 @@ class StartupWriter(wiring.Component):
         self.data_bytes = check_data_bytes(data_bytes)
         super().__init__({
             "reply": In(1),
-            "i_frame": In(stream.Signature(StartupFrame)),
+            "i_frame": In(stream.Signature(StartupFields)),
             "i_private": In(BeatStream(data_bytes)),
             "o": Out(BeatStream(data_bytes)),
         })
@@ -293,13 +294,15 @@ class StartupWriter(wiring.Component):
             wiring.connect(m, up.o, wiring.flipped(self.o))
             private, out = down.o, up.i
 
-        f = Signal(StartupFrame)
+        f = Signal(StartupFields)
         busy = Signal()
         offset = Signal(10)
         head = _HEADER + _ENHANCED
-        pd_length = wire(m, Mux(f.enhanced, add(f.private_length, _ENHANCED), f.private_length),
-                         "pd_length")
-        total = wire(m, add(pd_length, _HEADER), "total")
+        def pd_length_of(frame):
+            return Mux(frame.enhanced, add(frame.private_length, _ENHANCED), frame.private_length)
+
+        pd_length = wire(m, pd_length_of(f), "pd_length")
+        final = Signal(10)              # the offset of the frame's last octet
         ird = Cat(f.ird, f.rtr_send, f.p2p)
         ord_ = Cat(f.ord, f.rtr_read, f.rtr_write)
         fixed = [Mux(self.reply, KEY_REPLY[k], KEY_REQUEST[k]) for k in range(16)] + [
@@ -307,11 +310,12 @@ class StartupWriter(wiring.Component):
             pd_length[8:], pd_length[:8], ird[8:], ird[:8], ord_[8:], ord_[:8]]
         octet = select(m, Mux(lt(offset, head), offset, head - 1)[:5], fixed, 8, "octet")
         from_header = lt(offset, _HEADER) | (f.enhanced & lt(offset, head))
-        last = wire(m, add(offset, 1) == total, "last")
+        last = wire(m, same(offset, final), "last")
 
         m.d.comb += self.i_frame.ready.eq(~busy)
         with m.If(self.i_frame.valid & ~busy):
-            m.d.sync += [f.eq(self.i_frame.payload), busy.eq(1), offset.eq(0)]
+            m.d.sync += [f.eq(self.i_frame.payload), busy.eq(1), offset.eq(0),
+                         final.eq(add(pd_length_of(self.i_frame.payload), _HEADER - 1))]
         m.d.comb += [out.payload.keep.eq(busy), out.payload.last.eq(last),
                      out.payload.data.eq(Mux(from_header, octet, private.payload.data))]
         with m.If(busy):
