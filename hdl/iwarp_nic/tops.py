@@ -29,7 +29,13 @@ def tops():
     from .ip import IpStack
     from .mpa import FpduDeframer, FpduFramer, MpaNegotiator, StartupReader, StartupWriter
     from .node import IpNode, TcpNode
-    from .rdmap import ReadResponder, SendScheduler, TerminateEmitter, TerminateParser
+    from .rdmap import (
+        AtomicExecutor,
+        RequestResponder,
+        SendScheduler,
+        TerminateEmitter,
+        TerminateParser,
+    )
     from .tcp.isn import IsnGenerator
     from .tcp.lookup import ConnLookup
     from .trim import HeadTrim
@@ -57,6 +63,7 @@ def tops():
         tops[f"iwarp_ddp_receive_w{n}"] = lambda n=n: StreamReceiver(n)
         tops[f"iwarp_ddp_emit_w{n}"] = lambda n=n: SegmentEmitter(n)
         tops[f"iwarp_ddp_send_w{n}"] = lambda n=n: StreamSender(n)
+        tops[f"iwarp_rdmap_send_scheduler_w{n}"] = lambda n=n: SendScheduler(n)
     for n in (1, 8):
         tops[f"iwarp_mac_rx_cdc_w{n}"] = lambda n=n: MacRxCrossing(n)
         tops[f"iwarp_mac_tx_cdc_w{n}"] = lambda n=n: MacTxCrossing(n)
@@ -66,8 +73,8 @@ def tops():
     tops["iwarp_tcp_node_w2_gmii"] = lambda: TcpNode(2, mac_bytes=1)
     tops["iwarp_beat_upsizer_w1_w8"] = lambda: BeatUpsizer(1, 8, err=True)
     tops["iwarp_beat_downsizer_w8_w1"] = lambda: BeatDownsizer(8, 1, err=True)
-    tops["iwarp_rdmap_read_responder"] = ReadResponder
-    tops["iwarp_rdmap_send_scheduler"] = SendScheduler
+    tops["iwarp_rdmap_request_responder"] = RequestResponder
+    tops["iwarp_rdmap_atomic_executor"] = AtomicExecutor
     tops["iwarp_ddp_rtr_check"] = RtrCheck
     tops["iwarp_ddp_stag_e256"] = lambda: StagTable(256)
     tops["iwarp_ddp_stag_e4096"] = lambda: StagTable(4096)

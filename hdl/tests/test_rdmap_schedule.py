@@ -1,38 +1,62 @@
 # amaranth: UnusedElaboratable=no
-"""SendScheduler: messages from the send queue and Read Responses taken in turns, each input's
-order kept, and every payload fetch turned into the host read of its message's source plus
-the offset; ``response_sent`` once per Read Response, after its last fetch."""
+"""SendScheduler at 1, 8 and 64 bytes: messages from the send queue and responses taken in
+turns, each input's order kept; every payload fetch answered in order, by the host read of its
+message's source plus the offset (the host's data passed on) or, for an inline message (an
+Atomic Response), by its own octets from the offset; ``response_sent`` once per response,
+after its last fetch (``response_inline`` with it for an inline one), never lost when a
+response without payload ends in the same cycle as another."""
 
 import random
 
 import pytest
 from amaranth.back import verilog
 
-from iwarp_nic.rdmap.read import ReadResponse
+from iwarp_nic.rdmap.respond import INLINE_BYTES, OutboundMessage
 from iwarp_nic.rdmap.schedule import SendScheduler
 from iwarp_tb import toolchain
 from iwarp_tb.amsim import run
 from iwarp_tb.lint import lint
-from iwarp_tb.streams import AmaranthBus, StreamPort, recv, send
+from iwarp_tb.streams import AmaranthBus, StreamPort, collector, recv, send, send_packets
 
-STEP = 700                  # the payload per segment the test's sender fetches
-
-
-def work(rng, count, opcode):
-    return [{"message": {"opcode": opcode, "stag": rng.getrandbits(32), "to": rng.getrandbits(64),
-                         "msn": 0, "inv_stag": 0,
-                         "length": rng.choice([0, 1, 600, 700, 701, rng.randrange(3000)])},
-             "source": rng.getrandbits(64)} for _ in range(count)]
+STEP, INLINE_STEP = 700, 5      # the payload per fetch the test's sender asks for
 
 
-def simulate(sends, responses, *, seed, idle, stall):
-    dut = SendScheduler()
-    got = {"reads": [], "sent": 0}
+def work(rng, count, opcode, *, inline=0.0):
+    out = []
+    for _ in range(count):
+        if rng.random() < inline:
+            out.append({"message": {"opcode": 11, "stag": 0, "to": 0, "msn": rng.getrandbits(32),
+                                    "inv_stag": 0, "length": INLINE_BYTES},
+                        "source": 0, "inline": 1, "data": rng.getrandbits(8 * INLINE_BYTES)})
+            continue
+        out.append({"message": {"opcode": opcode, "stag": rng.getrandbits(32),
+                                "to": rng.getrandbits(64), "msn": 0, "inv_stag": 0,
+                                "length": rng.choice([0, 0, 1, 600, 700, 701,
+                                                      rng.randrange(3000)])},
+                    "source": rng.getrandbits(64), "inline": 0, "data": 0})
+    return out
+
+
+def fetches(w):
+    """The sender's fetches of ``w``'s message: (offset, length)."""
+    step = INLINE_STEP if w["inline"] else STEP
+    length = w["message"]["length"]
+    return [(o, min(step, length - o)) for o in range(0, length, step)]
+
+
+def host_data(addr, length):
+    return random.Random(addr * 7 + length).randbytes(length)
+
+
+def simulate(n, sends, responses, *, seed, idle, stall):
+    dut = SendScheduler(n)
+    got = {"reads": [], "sent": [], "messages": []}
     state = {"done": False}
+    pending = []                # host reads taken, their data still to give
 
     def feeder(port, items, offset):
         # The whole payload as one number (the driver sets plain values).
-        flat = [{"bits": ReadResponse.const(w).as_bits()} for w in items]
+        flat = [{"bits": OutboundMessage.const(w).as_bits()} for w in items]
         whole = StreamPort(port.valid, port.ready, {"bits": port.payload.as_value()})
 
         async def bench(ctx):
@@ -41,71 +65,135 @@ def simulate(sends, responses, *, seed, idle, stall):
         return bench
 
     async def sender(ctx):
-        """The StreamSender's part: take each message, fetch its payload in STEP pieces."""
+        """The StreamSender's planning: take each message (it plans ahead of its fetches)."""
         bus, rng = AmaranthBus(ctx), random.Random(seed + 3)
-        got["messages"] = []
         for _ in range(len(sends) + len(responses)):
             (msg,) = await recv(bus, StreamPort.amaranth(dut.o_message), 1, rng=rng,
                                 stall=stall)
             got["messages"].append(msg)
-            fetches = [{"offset": o, "length": min(STEP, msg["length"] - o)}
-                       for o in range(0, msg["length"], STEP)]
-            await send(bus, StreamPort.amaranth(dut.i_fetch), fetches, rng=rng, idle=idle)
+
+    async def fetcher(ctx):
+        """The StreamSender's fetches: each message's payload in pieces, then wait for every
+        packet."""
+        bus, rng = AmaranthBus(ctx), random.Random(seed + 7)
+        asked = 0
+        for k in range(len(sends) + len(responses)):
+            while len(got["messages"]) <= k:
+                await ctx.tick()
+            msg = got["messages"][k]
+            step = INLINE_STEP if msg["opcode"] == 11 else STEP
+            asks = [{"offset": o, "length": min(step, msg["length"] - o)}
+                    for o in range(0, msg["length"], step)]
+            await send(bus, StreamPort.amaranth(dut.i_fetch), asks, rng=rng, idle=idle)
+            asked += len(asks)
+        for _ in range(100_000):            # until every packet has come (or a timeout)
+            if len(got["payload"]) >= asked:
+                break
+            await ctx.tick()
+        for _ in range(50):
+            await ctx.tick()
         state["done"] = True
 
     async def reads(ctx):
         bus, rng = AmaranthBus(ctx), random.Random(seed + 4)
-        while not state["done"]:
+        while True:
             ready = rng.random() >= stall
             bus.set(dut.o_read.ready, ready)
-            valid, addr, length, sent = await bus.edge(
+            valid, addr, length, sent, inline = await bus.edge(
                 dut.o_read.valid, dut.o_read.payload.addr, dut.o_read.payload.length,
-                dut.response_sent)
+                dut.response_sent, dut.response_inline)
             if valid and ready:
                 got["reads"].append((addr, length))
-            got["sent"] += sent
+                pending.append(host_data(addr, length))
+            if sent:
+                got["sent"].append(inline)
+
+    async def host(ctx):
+        bus, rng = AmaranthBus(ctx), random.Random(seed + 5)
+        while True:
+            while not pending:
+                await ctx.tick()
+            await send_packets(bus, StreamPort.amaranth(dut.i_host), [pending.pop(0)], n,
+                               rng=rng, idle=idle)
 
     run(dut, feeder(dut.i_send, sends, 1), feeder(dut.i_response, responses, 2), sender,
-        reads, name="rdmap_schedule")
+        fetcher, monitors=[reads, host, collector(got, "payload", dut.o_payload, data_bytes=n,
+                                         rng=random.Random(seed + 6), stall=stall)],
+        name=f"rdmap_schedule_w{n}")
+    assert state["done"]
     return got
 
 
-def expected_reads(order):
-    return [((w["source"] + o) % (1 << 64), min(STEP, w["message"]["length"] - o))
-            for w in order for o in range(0, w["message"]["length"], STEP)]
+def check(got, order, responses):
+    """The messages in ``order``, the reads and payloads of their fetches, one end per
+    response."""
+    assert got["messages"] == [w["message"] for w in order]
+    reads, payloads = [], []
+    for w in order:
+        data = w["data"].to_bytes(INLINE_BYTES, "little")
+        for offset, length in fetches(w):
+            if w["inline"]:
+                payloads.append(data[offset:offset + length])
+            else:
+                addr = (w["source"] + offset) % (1 << 64)
+                reads.append((addr, length))
+                payloads.append(host_data(addr, length))
+    assert got["reads"] == reads
+    assert [bytes(p) for p in got["payload"]] == payloads
+    # One end per response, of its kind (an empty one's may come a little later).
+    assert sorted(got["sent"]) == sorted(w["inline"] for w in order if w in responses)
 
 
-def test_turns_at_full_rate():
+@pytest.mark.parametrize("n", [1, 8, 64])
+def test_turns_at_full_rate(n):
     """Both inputs always offering: they alternate, the responses first, then the rest."""
     rng = random.Random(1)
-    sends, responses = work(rng, 6, 3), work(rng, 9, 2)
-    got = simulate(sends, responses, seed=1, idle=0, stall=0)
+    sends, responses = work(rng, 6, 3), work(rng, 9, 2, inline=0.4)
+    got = simulate(n, sends, responses, seed=1, idle=0, stall=0)
     order = [r for pair in zip(responses, sends) for r in pair] + responses[6:]
-    assert got["messages"] == [w["message"] for w in order]
-    assert got["reads"] == expected_reads(order)
-    assert got["sent"] == len(responses)
+    check(got, order, responses)
 
 
+@pytest.mark.parametrize("n", [1, 8, 64])
 @pytest.mark.parametrize("seed", [2, 3])
-def test_random_timing(seed):
-    """Random idles and stalls: each input's order kept, no message lost, reads right."""
+def test_random_timing(n, seed):
+    """Random idles and stalls: each input's order kept, no message lost, payloads right."""
     rng = random.Random(seed)
-    sends, responses = work(rng, 12, 0), work(rng, 12, 2)
-    got = simulate(sends, responses, seed=seed, idle=0.3, stall=0.3)
-    by_message = {id(w): w for w in sends + responses}
-    order = []
-    pending = {0: list(sends), 2: list(responses)}
+    sends, responses = work(rng, 12, 0), work(rng, 16, 2, inline=0.4)
+    got = simulate(n, sends, responses, seed=seed, idle=0.3, stall=0.3)
+    order, pending = [], {0: list(sends), 2: list(responses), 11: list(responses)}
     for msg in got["messages"]:
-        w = pending[msg["opcode"]].pop(0)
+        queue = pending[msg["opcode"]]
+        w = queue.pop(0)
+        if msg["opcode"] != 0:          # responses of both kinds share one queue
+            pending[2 if msg["opcode"] == 11 else 11].remove(w)
         assert msg == w["message"]
         order.append(w)
-    assert not pending[0] and not pending[2] and len(by_message) == 24
-    assert got["reads"] == expected_reads(order)
-    assert got["sent"] == len(responses)
+    check(got, order, responses)
 
 
 def test_lint(tmp_path):
     toolchain.setup()
     path = tmp_path / "schedule.v"
-    path.write_text(verilog.convert(SendScheduler(), name="schedule"))
+    path.write_text(verilog.convert(SendScheduler(8), name="schedule"))
     assert lint(path) == ""
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_ends_together(seed):
+    """Short inline responses between empty ones, both inputs busy: ends that come in the same
+    cycle are each reported."""
+    rng = random.Random(seed)
+    responses = work(rng, 40, 2, inline=0.5)
+    for w in responses:
+        if not w["inline"]:
+            w["message"]["length"] = 0
+    sends = work(rng, 10, 3)
+    got = simulate(8, sends, responses, seed=seed, idle=0.1 * (seed - 4), stall=0.0)
+    order, pending = [], {3: list(sends), 2: list(responses), 11: list(responses)}
+    for msg in got["messages"]:
+        w = pending[msg["opcode"]].pop(0)
+        if msg["opcode"] != 3:
+            pending[2 if msg["opcode"] == 11 else 11].remove(w)
+        order.append(w)
+    check(got, order, responses)

@@ -131,7 +131,8 @@ def crc_fits():
 
 def iwarp_fits():
     """The iWARP blocks at 8 bytes, each alone: the MPA framer, deframer, startup frames and
-    negotiator, the DDP stages, the RX chain, the Terminate emitter and parser."""
+    negotiator, the DDP stages, the RX chain, the Terminate emitter and parser, the send
+    scheduler, the request responder and the atomic executor."""
     from iwarp_nic.ddp import (
         SegmentEmitter,
         SegmentParser,
@@ -147,7 +148,13 @@ def iwarp_fits():
         StartupReader,
         StartupWriter,
     )
-    from iwarp_nic.rdmap import ReadResponder, TerminateEmitter, TerminateParser
+    from iwarp_nic.rdmap import (
+        AtomicExecutor,
+        RequestResponder,
+        SendScheduler,
+        TerminateEmitter,
+        TerminateParser,
+    )
 
     for label, block in (("MPA framer", FpduFramer), ("MPA deframer", FpduDeframer),
                          ("MPA startup reader", StartupReader),
@@ -158,13 +165,16 @@ def iwarp_fits():
                          ("DDP receive", StreamReceiver),
                          ("DDP segment emitter", SegmentEmitter), ("DDP send", StreamSender),
                          ("RDMAP Terminate emitter", TerminateEmitter),
+                         ("RDMAP send scheduler", SendScheduler),
                          ("RDMAP Terminate parser", TerminateParser)):
         name = "iwarp_" + label.lower().replace(" ", "_") + "_w8"
         yield from _fit(block(8), name, label, "8 B/beat")
     yield from _fit(StagTable(4096), "iwarp_ddp_stag_e4096", "DDP STag table",
                     "4096 entries")
-    yield from _fit(ReadResponder(), "iwarp_rdmap_read_responder", "RDMAP Read responder",
-                    "headers")
+    yield from _fit(RequestResponder(), "iwarp_rdmap_request_responder",
+                    "RDMAP request responder", "headers")
+    yield from _fit(AtomicExecutor(), "iwarp_rdmap_atomic_executor", "RDMAP atomic executor",
+                    "8 octets")
 
 
 #: TCP bytes per full-size frame at MTU 1500 (RFC 9293 header, no options) and that frame's

@@ -1,22 +1,25 @@
 """What a stream sends next: RFC 5040 sections 5.3 and 5.4 (RDMA Read Responses go out in the
-order their requests came, beside the requester's own messages), with the payload of each
-message read from host memory.
+order their requests came, beside the requester's own messages) and RFC 7306 section 5.2
+(Atomic Responses among them), with the payload of each message read from host memory or
+carried by the message itself.
 
 :class:`SendScheduler` takes turns, message by message, between the send queue (work the host
-posted: Sends, Writes, Read Requests, ...) and the Read Responses the
-:class:`~.read.ReadResponder` produced, so neither starves the other, and turns each payload
-fetch of the :class:`~iwarp_nic.ddp.StreamSender` into a host-memory read.
+posted: Sends, Writes, Read Requests, ...) and the responses the
+:class:`~.respond.RequestResponder` produced, so neither starves the other, and answers each
+payload fetch of the :class:`~iwarp_nic.ddp.StreamSender`: with a host-memory read, or with the
+octets an inline message carries.
 """
 
-from amaranth import Module, Signal
+from amaranth import C, Cat, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.data import StructLayout
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from ..ddp.emit import Fetch, Message
-from ..exact import is_zero, wrap_add
-from .read import ReadResponse
+from ..exact import add, is_zero, lt, mask, select, shift_right, sub, widened, wrap_add, wrap_sub
+from ..stream import BeatStream, check_data_bytes
+from .respond import INLINE_BYTES, OutboundMessage
 
 __all__ = ["HostRead", "SendScheduler"]
 
@@ -24,57 +27,73 @@ __all__ = ["HostRead", "SendScheduler"]
 HostRead = StructLayout({"addr": 64, "length": 16})
 
 _DEPTH = 4                  # messages planned whose payload is still being fetched
+_FETCHES = 8                # fetches whose payload has not left yet
 
 
 class SendScheduler(wiring.Component):
-    """Round-robin between the send queue and the Read Responses; fetches to host reads.
+    """Round-robin between the send queue and the responses; fetches answered in order.
 
     Ports
     -----
-    i_send : In(stream.Signature(ReadResponse))
+    i_send : In(stream.Signature(OutboundMessage))
         Work from the send queue: a message and the host address of its payload (``source``).
-    i_response : In(stream.Signature(ReadResponse))
-        Read Responses from the :class:`~.read.ReadResponder`.
+    i_response : In(stream.Signature(OutboundMessage))
+        Read and Atomic Responses from the :class:`~.respond.RequestResponder`.
     o_message : Out(stream.Signature(Message))
         The messages in the order they are to be sent, to the
         :class:`~iwarp_nic.ddp.StreamSender`.
     i_fetch : In(stream.Signature(Fetch))
         The sender's payload fetches, in message order.
     o_read : Out(stream.Signature(HostRead))
-        Each fetch as a host-memory read: the message's ``source`` plus the fetch's offset.
-    response_sent : Out(1)
-        One cycle high as the last fetch of a Read Response is taken (its last segment is then
-        in the sender's hands), or as a Read Response without payload is passed on: its IRD
-        credit may come back (the ReadResponder's ``done``), as the model's engine gives it
-        back when the last segment is handed over.
+        Each fetch of a message from host memory as a host-memory read: the message's
+        ``source`` plus the fetch's offset.
+    i_host : In(BeatStream(data_bytes))
+        The data of each host read, one packet per read, in order.
+    o_payload : Out(BeatStream(data_bytes))
+        One packet per fetch, in fetch order, to the sender: the host read's data, or the
+        octets an inline message carries (from the fetch's offset).
+    response_sent, response_inline : Out(1), Out(1)
+        ``response_sent`` one cycle high as the last fetch of a response is taken (its last
+        segment is then in the sender's hands), or for a response without payload once it is
+        passed on (a cycle later, or more when ends coincide): its IRD credit may come back
+        (the RequestResponder's ``done``), as the model's engine gives it back when the last
+        segment is handed over. ``response_inline`` with it: that response was inline (an
+        Atomic Response).
 
     When both inputs offer a message, they alternate: the one not served last goes first.
-    Throughput: a message per cycle; fetches one per cycle. Latency: one cycle for a message,
-    none for a fetch (``o_read`` follows ``i_fetch`` combinationally). Back-pressure passes
-    through; at most four messages with a payload may be fetching at once.
+    Throughput: a message per cycle; fetches one per cycle; payload beats one per cycle.
+    Latency: one cycle for a message, none for a fetch (``o_read`` follows ``i_fetch``
+    combinationally), none for host data (``o_payload`` follows ``i_host``); an inline packet
+    leaves from the cycle after its fetch. Back-pressure passes through; at most four messages
+    with a payload may be fetching at once, and eight fetches waiting for their data.
     """
 
-    def __init__(self):
+    def __init__(self, data_bytes):
+        self.data_bytes = check_data_bytes(data_bytes)
         super().__init__({
-            "i_send": In(stream.Signature(ReadResponse)),
-            "i_response": In(stream.Signature(ReadResponse)),
+            "i_send": In(stream.Signature(OutboundMessage)),
+            "i_response": In(stream.Signature(OutboundMessage)),
             "o_message": Out(stream.Signature(Message)),
             "i_fetch": In(stream.Signature(Fetch)),
             "o_read": Out(stream.Signature(HostRead)),
+            "i_host": In(BeatStream(data_bytes)),
+            "o_payload": Out(BeatStream(data_bytes)),
             "response_sent": Out(1),
+            "response_inline": Out(1),
         })
 
     def elaborate(self, platform):
         m = Module()
         # Per message with a payload, in order: where it comes from, its length and whether it
         # is a Read Response.
-        entry = StructLayout({"source": 64, "length": 32, "response": 1})
+        entry = StructLayout({"source": 64, "length": 32, "response": 1, "inline": 1,
+                              "data": 8 * INLINE_BYTES})
         m.submodules.sources = sources = SyncFIFOBuffered(width=entry.size, depth=_DEPTH)
         out = self.o_message
         last_response = Signal()        # the last message taken was a Read Response
         pick_response = (self.i_response.valid
                          & (~self.i_send.valid | ~last_response))
-        chosen = Signal(ReadResponse)
+        chosen = Signal(OutboundMessage)
         with m.If(pick_response):
             m.d.comb += chosen.eq(self.i_response.payload)
         with m.Else():
@@ -89,28 +108,84 @@ class SendScheduler(wiring.Component):
         ]
         written = entry(sources.w_data)
         m.d.comb += [written.source.eq(chosen.source), written.length.eq(chosen.message.length),
-                     written.response.eq(pick_response)]
+                     written.response.eq(pick_response), written.inline.eq(chosen.inline),
+                     written.data.eq(chosen.data)]
         with m.If(out.ready):
             m.d.sync += out.valid.eq(0)
         with m.If(take):
             m.d.sync += [out.valid.eq(1), out.payload.eq(chosen.message),
                          last_response.eq(pick_response)]
 
-        # Fetches: the head message's source plus the offset; the message is done with when a
-        # fetch reaches its end.
+        # Fetches: the head message's source plus the offset, or its inline octets from the
+        # offset; the message is done with when a fetch reaches its end. Each fetch leaves a
+        # note of where its packet comes from.
+        note = StructLayout({"inline": 1, "length": range(INLINE_BYTES + 1),
+                             "data": 8 * INLINE_BYTES})
+        m.submodules.notes = notes = SyncFIFOBuffered(width=note.size, depth=_FETCHES)
         head = entry(sources.r_data)
         fetch = self.i_fetch.payload
         end = wrap_add(m, fetch.offset, fetch.length, 32, "fetch_end")
+        room = sources.r_rdy & notes.w_rdy
+        read = self.o_read
         m.d.comb += [
-            self.o_read.valid.eq(self.i_fetch.valid & sources.r_rdy),
-            self.i_fetch.ready.eq(self.o_read.ready & sources.r_rdy),
-            self.o_read.payload.addr.eq(wrap_add(m, head.source, fetch.offset, 64, "read_addr")),
-            self.o_read.payload.length.eq(fetch.length),
+            read.valid.eq(self.i_fetch.valid & room & ~head.inline),
+            self.i_fetch.ready.eq(room & (read.ready | head.inline)),
+            read.payload.addr.eq(wrap_add(m, head.source, fetch.offset, 64, "read_addr")),
+            read.payload.length.eq(fetch.length),
         ]
-        finished = self.i_fetch.valid & self.i_fetch.ready & (end == head.length)
+        fetched = self.i_fetch.valid & self.i_fetch.ready
+        written_note = note(notes.w_data)
+        skip = fetch.offset[:(INLINE_BYTES - 1).bit_length()]
+        padded = Cat(head.data, C(0, 8 * ((1 << len(skip)) - 1)))
+        m.d.comb += [notes.w_en.eq(fetched), written_note.inline.eq(head.inline),
+                     written_note.length.eq(fetch.length),
+                     written_note.data.eq(shift_right(m, padded, skip, 8, "inline_from"))]
+        finished = fetched & (end == head.length)
+        # A response's end: the last fetch of one with a payload, or, in a cycle without one,
+        # one of those without a payload passed on (counted until then: they may coincide).
+        response_fetched = finished & head.response
+        owed = Signal(8)
+        empty = take & pick_response & ~has_payload
+        paid = ~response_fetched & ~is_zero(owed)
+        with m.If(empty & ~paid):
+            m.d.sync += owed.eq(add(owed, 1))
+        with m.Elif(paid & ~empty):
+            m.d.sync += owed.eq(sub(owed, 1))
         m.d.comb += [
             sources.r_en.eq(finished),
-            self.response_sent.eq((finished & head.response)
-                                  | (take & pick_response & ~has_payload)),
+            self.response_sent.eq(response_fetched | paid),
+            self.response_inline.eq(response_fetched & head.inline),
         ]
+        self._payload(m, note(notes.r_data), notes)
         return m
+
+    def _payload(self, m, head, notes):
+        """Each fetch's packet: the host data passed through, or the inline octets a beat at
+        a time."""
+        n = self.data_bytes
+        out, host = self.o_payload, self.i_host
+        beats = -(-INLINE_BYTES // n)
+        chunks = [head.data[8 * n * k:8 * n * (k + 1)] for k in range(beats)]
+        left = Signal(range(INLINE_BYTES + 1))  # octets of the inline packet from this beat on
+        if beats > 1:
+            beat = Signal(range(beats))
+            data = select(m, beat, chunks, 8 * n, "inline_data")
+            length = widened(m, head.length, 8, "inline_length")
+            m.d.comb += left.eq(wrap_sub(m, length, n * beat, 8, "inline_left"))
+        else:
+            data = chunks[0]
+            m.d.comb += left.eq(head.length)
+        last = lt(left, n + 1)
+        keep = select(m, left, {k: mask(k) for k in range(1, min(n, INLINE_BYTES) + 1)}, n,
+                      "inline_keep")
+        with m.If(notes.r_rdy & head.inline):
+            m.d.comb += [out.valid.eq(1), out.payload.data.eq(data),
+                         out.payload.keep.eq(Mux(last, keep, mask(n))),
+                         out.payload.last.eq(last), notes.r_en.eq(out.ready & last)]
+            if beats > 1:
+                with m.If(out.ready):
+                    m.d.sync += beat.eq(Mux(last, 0, add(beat, 1)))
+        with m.Elif(notes.r_rdy):
+            m.d.comb += [out.valid.eq(host.valid), out.payload.eq(host.payload),
+                         host.ready.eq(out.ready),
+                         notes.r_en.eq(host.valid & out.ready & host.payload.last)]
