@@ -31,6 +31,7 @@ def tops():
     from .node import IpNode, TcpNode
     from .rdmap import (
         AtomicExecutor,
+        RequestIssuer,
         RequestResponder,
         SendScheduler,
         TerminateEmitter,
@@ -75,6 +76,7 @@ def tops():
     tops["iwarp_beat_downsizer_w8_w1"] = lambda: BeatDownsizer(8, 1, err=True)
     tops["iwarp_rdmap_request_responder"] = RequestResponder
     tops["iwarp_rdmap_atomic_executor"] = AtomicExecutor
+    tops["iwarp_rdmap_request_issuer"] = RequestIssuer
     tops["iwarp_ddp_rtr_check"] = RtrCheck
     tops["iwarp_ddp_stag_e256"] = lambda: StagTable(256)
     tops["iwarp_ddp_stag_e4096"] = lambda: StagTable(4096)

@@ -132,7 +132,7 @@ def crc_fits():
 def iwarp_fits():
     """The iWARP blocks at 8 bytes, each alone: the MPA framer, deframer, startup frames and
     negotiator, the DDP stages, the RX chain, the Terminate emitter and parser, the send
-    scheduler, the request responder and the atomic executor."""
+    scheduler, the request responder, the atomic executor and the request issuer."""
     from iwarp_nic.ddp import (
         SegmentEmitter,
         SegmentParser,
@@ -150,6 +150,7 @@ def iwarp_fits():
     )
     from iwarp_nic.rdmap import (
         AtomicExecutor,
+        RequestIssuer,
         RequestResponder,
         SendScheduler,
         TerminateEmitter,
@@ -175,6 +176,8 @@ def iwarp_fits():
                     "RDMAP request responder", "headers")
     yield from _fit(AtomicExecutor(), "iwarp_rdmap_atomic_executor", "RDMAP atomic executor",
                     "8 octets")
+    yield from _fit(RequestIssuer(), "iwarp_rdmap_request_issuer", "RDMAP request issuer",
+                    "ORD up to 32")
 
 
 #: TCP bytes per full-size frame at MTU 1500 (RFC 9293 header, no options) and that frame's

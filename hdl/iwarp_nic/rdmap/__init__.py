@@ -1,12 +1,14 @@
 """RDMAP (RFC 5040, RFC 7306): the Terminate message, sent and received; the responder's side
-of RDMA Read and of the atomics, and the atomic operation on host memory; the choice of what a
+of RDMA Read and of the atomics, and the atomic operation on host memory; the requester's side
+(work requests to messages, Reads and atomics outstanding under the ORD); the choice of what a
 stream sends next."""
 
 from .atomic import AtomicExecutor, HostAtomic, HostWord
+from .request import RequestIssuer, WorkRequest
 from .respond import OutboundMessage, RequestResponder
 from .schedule import HostRead, SendScheduler
 from .terminate import TerminateEmitter, TerminateHeader, TerminateParser, TerminateRequest
 
 __all__ = ["TerminateEmitter", "TerminateRequest", "TerminateParser", "TerminateHeader",
            "RequestResponder", "OutboundMessage", "SendScheduler", "HostRead",
-           "AtomicExecutor", "HostAtomic", "HostWord"]
+           "AtomicExecutor", "HostAtomic", "HostWord", "RequestIssuer", "WorkRequest"]

@@ -1,0 +1,354 @@
+# amaranth: UnusedElaboratable=no
+"""The transmit path from work requests to FPDUs (RequestIssuer, SendScheduler, StreamSender)
+against the model's engine, at 1, 8 and 64 bytes.
+
+Work requests of every kind the send queue carries (Send, with SE, with Invalidate, with
+Immediate Data; RDMA Write, with Immediate Data; RDMA Read; FetchAdd and CmpSwap, masked or
+not) are posted on a model QP whose connection is established, and given to the gateware as
+the host's send queue engine will give them (the test plays the driver: payload addresses
+from the STag table, the RDMAP header of each Read and Atomic Request and the 8 octets of
+Immediate Data written beside the work request). The octets the gateware sends must be the
+model's, the Reads and atomics it keeps outstanding the model's (sink, size, Request
+Identifier), in order; with a small ORD it must stop where the model stops and go on as
+credits come back; with an ORD of 0 a Read is refused and nothing after it is sent.
+"""
+
+import random
+
+import pytest
+from amaranth import Module
+from amaranth.lib import wiring
+
+from iwarp_model import verbs
+from iwarp_model.engine import Connection
+from iwarp_model.mr import Access
+from iwarp_model.transport.memory import MemoryPair
+from iwarp_model.verbs import SGE, SendFlags, SendWR, WrOpcode
+from iwarp_model.wire.rdmap import (
+    AtomicRequest,
+    AtomicResponse,
+    Opcode,
+    ReadRequest,
+    Segment,
+)
+from iwarp_nic.ddp.send import StreamSender
+from iwarp_nic.rdmap import RequestIssuer, SendScheduler, WorkRequest
+from iwarp_tb.amsim import run
+from iwarp_tb.stags import HostTable
+from iwarp_tb.streams import (
+    AmaranthBus,
+    StreamPort,
+    collector,
+    recv,
+    send,
+    send_packets,
+    until_quiet,
+)
+
+IDLE = STALL = 0.2
+U64 = (1 << 64) - 1
+HEADERS = 0xF << 56             # host addresses of the headers the driver writes
+
+
+class TxPath(wiring.Component):
+    """Issuer, scheduler and sender of one stream (host reads and outstanding to the test)."""
+
+    def __init__(self, n):
+        self.issuer, self.scheduler, self.sender = RequestIssuer(), SendScheduler(n), \
+            StreamSender(n)
+        super().__init__({})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.issuer, m.submodules.scheduler = self.issuer, self.scheduler
+        m.submodules.sender = self.sender
+        sch, snd = self.scheduler, self.sender
+        wiring.connect(m, self.issuer.o_send, sch.i_send)
+        wiring.connect(m, sch.o_message, snd.i_message)
+        wiring.connect(m, snd.o_fetch, sch.i_fetch)
+        wiring.connect(m, sch.o_payload, snd.i_payload)
+        m.d.comb += sch.i_response.valid.eq(0)
+        return m
+
+
+class Driver:
+    """A model connection (established) and the gateware's view of the same work: payload
+    addresses, headers written beside the work, the Request Identifiers the engine uses."""
+
+    def __init__(self, rng, *, ord_=16, crc=True, markers=False):
+        self.rng = rng
+        dev = verbs.Device("a")
+        pd = dev.alloc_pd()
+        cq = dev.create_cq(256)
+        qp = dev.create_qp(pd, cq, cq, max_send_wr=256, max_rd_atomic=ord_)
+        self.pd, self.qp = pd, qp
+        self.memory = bytearray(rng.randbytes(1 << 15))
+        self.region = dev.reg_mr(pd, self.memory, Access.LOCAL_WRITE, iova=rng.getrandbits(40))
+        self.host = HostTable(rng, table=dev.mr_table, pds=0)
+        self.host.by_handle[pd.handle] = pd
+        peer_dev = verbs.Device("b")
+        peer_pd = peer_dev.alloc_pd()
+        peer_cq = peer_dev.create_cq(16)
+        peer_qp = peer_dev.create_qp(peer_pd, peer_cq, peer_cq)
+        self.conn = Connection(qp, active=True, crc=crc, markers=markers)
+        self.peer = Connection(peer_qp, active=False, crc=crc, markers=markers)
+        MemoryPair(self.conn, self.peer).start()
+        self.crc, self.markers = crc, markers
+        self.max_ulpdu = self.conn._framer.max_ulpdu
+        self.headers = {}           # host address -> the octets written there
+        self.work = []              # the gateware's work requests
+        self.request_id = 0
+
+    def sge(self, length):
+        return SGE(self.region.iova + self.rng.randrange(len(self.memory) - length + 1),
+                   length, self.region.lkey)
+
+    def _source(self, sge):
+        return self.host.check(sge.lkey, sge.addr, sge.length, 0, self.pd.handle)[1]
+
+    def _header(self, octets):
+        addr = HEADERS + 64 * len(self.headers)
+        self.headers[addr] = octets
+        return addr
+
+    def post(self, wr):
+        """Post ``wr`` on the model's QP, and its work request(s) for the gateware."""
+        self.qp.post_send(wr)
+        op, solicited = wr.opcode, bool(wr.send_flags & SendFlags.SOLICITED)
+        sge = wr.sg_list[0] if wr.sg_list else SGE(0, 0, 0)
+        base = {"id": wr.wr_id & 0xFFFF, "sink_stag": 0, "sink_to": 0, "size": 0,
+                "request_id": 0, "fence": int(bool(wr.send_flags & SendFlags.FENCE))}
+
+        def message(opcode, length, stag=0, to=0, inv_stag=0):
+            return {"opcode": opcode, "stag": stag, "to": to, "msn": 0, "inv_stag": inv_stag,
+                    "length": length}
+
+        def immediate():
+            return dict(base, message=message(9 if solicited else 8, 8),
+                        source=self._header(wr.imm_data.to_bytes(8, "big")))
+
+        if op in (WrOpcode.SEND, WrOpcode.SEND_WITH_INV):
+            inv = op == WrOpcode.SEND_WITH_INV
+            opcode = {(0, 0): 3, (1, 0): 5, (0, 1): 4, (1, 1): 6}[(solicited, inv)]
+            self.work.append(dict(base, message=message(
+                opcode, sge.length, inv_stag=wr.invalidate_rkey if inv else 0),
+                source=self._source(sge)))
+        elif op in (WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM):
+            self.work.append(dict(base, message=message(0, sge.length, wr.rkey,
+                                                        wr.remote_addr),
+                                  source=self._source(sge)))
+            if op == WrOpcode.RDMA_WRITE_WITH_IMM:
+                self.work.append(immediate())
+        elif op == WrOpcode.SEND_WITH_IMM:
+            self.work.append(immediate())
+        elif op == WrOpcode.RDMA_READ:
+            header = ReadRequest(sge.lkey, sge.addr, sge.length, wr.rkey, wr.remote_addr)
+            self.work.append(dict(base, message=message(1, ReadRequest.SIZE),
+                                  source=self._header(header.encode()), sink_stag=sge.lkey,
+                                  sink_to=sge.addr, size=sge.length))
+        else:
+            self.request_id += 1
+            rid = self.request_id
+            header = {
+                WrOpcode.ATOMIC_FETCH_AND_ADD: lambda: AtomicRequest.fetch_add(
+                    rid, wr.rkey, wr.remote_addr, wr.compare_add),
+                WrOpcode.MASKED_ATOMIC_FETCH_AND_ADD: lambda: AtomicRequest.fetch_add(
+                    rid, wr.rkey, wr.remote_addr, wr.compare_add, wr.compare_add_mask),
+                WrOpcode.ATOMIC_CMP_AND_SWP: lambda: AtomicRequest.cmp_swap(
+                    rid, wr.rkey, wr.remote_addr, wr.compare_add, wr.swap),
+                WrOpcode.MASKED_ATOMIC_CMP_AND_SWP: lambda: AtomicRequest.cmp_swap(
+                    rid, wr.rkey, wr.remote_addr, wr.compare_add, wr.swap,
+                    wr.compare_add_mask, wr.swap_mask),
+            }[op]()
+            self.work.append(dict(base, message=message(10, AtomicRequest.SIZE),
+                                  source=self._header(header.encode()), sink_stag=sge.lkey,
+                                  sink_to=sge.addr, size=8, request_id=rid))
+
+    def random_wr(self, wr_id):
+        rng = self.rng
+        op = rng.choice([WrOpcode.SEND, WrOpcode.SEND_WITH_INV, WrOpcode.SEND_WITH_IMM,
+                         WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM, WrOpcode.RDMA_READ,
+                         WrOpcode.ATOMIC_FETCH_AND_ADD, WrOpcode.ATOMIC_CMP_AND_SWP,
+                         WrOpcode.MASKED_ATOMIC_FETCH_AND_ADD,
+                         WrOpcode.MASKED_ATOMIC_CMP_AND_SWP])
+        atomic = op in (WrOpcode.ATOMIC_FETCH_AND_ADD, WrOpcode.ATOMIC_CMP_AND_SWP,
+                        WrOpcode.MASKED_ATOMIC_FETCH_AND_ADD,
+                        WrOpcode.MASKED_ATOMIC_CMP_AND_SWP)
+        length = 8 if atomic else 0 if op == WrOpcode.SEND_WITH_IMM else rng.choice(
+            [0, 1, 100, 1500, rng.randrange(5000)])
+        solicitable = op in (WrOpcode.SEND, WrOpcode.SEND_WITH_INV, WrOpcode.SEND_WITH_IMM,
+                             WrOpcode.RDMA_WRITE_WITH_IMM)
+        flags = SendFlags.SIGNALED | (SendFlags.SOLICITED if solicitable and rng.random() < 0.3
+                                      else 0)
+        return SendWR(wr_id, op, [self.sge(length)] if length or atomic else [], flags,
+                      imm_data=rng.getrandbits(32), invalidate_rkey=rng.getrandbits(32),
+                      remote_addr=rng.getrandbits(61) * 8, rkey=rng.getrandbits(32),
+                      compare_add=rng.getrandbits(64), swap=rng.getrandbits(64),
+                      compare_add_mask=rng.getrandbits(64), swap_mask=rng.getrandbits(64))
+
+    def read_host(self, addr, length):
+        if addr in self.headers:
+            assert length == len(self.headers[addr])
+            return self.headers[addr]
+        base = self.host.host_addr(self.region.stag)
+        offset = addr - base
+        assert 0 <= offset and offset + length <= len(self.memory), hex(addr)
+        return bytes(self.memory[offset:offset + length])
+
+    def answer_oldest(self):
+        """Complete the engine's oldest Read or atomic (its response, framed by the peer):
+        the octets the engine sends then."""
+        head = self.conn._outstanding[0]
+        if head.request_id is None:
+            segment = Segment(Opcode.READ_RESPONSE, bytes(head.size), stag=head.sink_stag,
+                              to=head.sink_to)
+        else:
+            segment = Segment(Opcode.ATOMIC_RESPONSE, msn=self.peer._tx_msn[3],
+                              header=AtomicResponse(head.request_id, 0))
+            self.peer._tx_msn[3] += 1
+        self.conn.receive(self.peer._framer.frame(segment.encode()))
+        return self.conn.transmit()
+
+    def outstanding(self):
+        """The engine's Reads and atomics outstanding: the gateware's entries."""
+        return [{"atomic": int(o.request_id is not None), "complete": 1,
+                 "id": o.work.wr.wr_id & 0xFFFF, "stag": o.sink_stag, "to": o.sink_to,
+                 "size": o.size, "request_id": o.request_id or 0}
+                for o in self.conn._outstanding]
+
+
+def simulate(n, driver, *, seed, ord_, credits_after=None):
+    """The gateware's octets for ``driver.work``, the outstanding entries it offered, and the
+    ids refused. With ``credits_after``, the test completes the oldest outstanding entry once
+    the path goes quiet, that many times."""
+    dut = TxPath(n)
+    got = {"taken": []}
+
+    async def host(ctx):
+        """The send queue engine: every work request, waiting as long as the path holds it."""
+        bus = AmaranthBus(ctx)
+        port = dut.issuer.i_work
+        whole = StreamPort(port.valid, port.ready, {"bits": port.payload.as_value()})
+        await send(bus, whole, [{"bits": WorkRequest.const(w).as_bits()} for w in driver.work],
+                   rng=random.Random(seed), idle=IDLE, timeout=1 << 30)
+
+    async def control(ctx):
+        """Let the path run until it goes quiet; then give back credits one at a time."""
+        snd = dut.sender
+        ctx.set(snd.max_ulpdu, driver.max_ulpdu)
+        ctx.set(snd.crc, driver.crc)
+        ctx.set(snd.markers, driver.markers)
+        ctx.set(dut.issuer.ord, ord_)
+        quiet = [dut.sender.o, dut.scheduler.o_read]
+        await until_quiet(ctx, quiet, 300)
+        got["after"] = [len(got["fpdus"])]
+        for _ in range(credits_after or 0):
+            (entry,) = await recv(AmaranthBus(ctx), StreamPort.amaranth(
+                dut.issuer.o_outstanding), 1)
+            got["taken"].append(entry)
+            await until_quiet(ctx, quiet, 300)
+            got["after"].append(len(got["fpdus"]))
+
+    async def reads(ctx):
+        bus, rng = AmaranthBus(ctx), random.Random(seed + 1)
+        while True:
+            (read,) = await recv(bus, StreamPort.amaranth(dut.scheduler.o_read), 1, rng=rng,
+                                 stall=STALL, timeout=1 << 30)
+            await send_packets(bus, StreamPort.amaranth(dut.scheduler.i_host),
+                               [driver.read_host(read["addr"], read["length"])], n, rng=rng,
+                               idle=IDLE)
+
+    run(dut, control, monitors=[
+        host, reads,
+        collector(got, "fpdus", dut.sender.o, data_bytes=n, rng=random.Random(seed + 2),
+                  stall=STALL),
+        collector(got, "refused", dut.issuer.o_refused)], name=f"rdmap_request_w{n}")
+    return got
+
+
+@pytest.mark.parametrize("n", [1, 8, 64])
+@pytest.mark.parametrize("crc, markers", [(True, False), (False, True)])
+def test_against_model(n, crc, markers):
+    """Work requests of every kind: the model's octets, and its Reads and atomics outstanding
+    (read out at the end, oldest first)."""
+    rng = random.Random(n * 2 + crc)
+    driver = Driver(rng, crc=crc, markers=markers)
+    for k in range(10 if n == 1 else 24):
+        driver.post(driver.random_wr(k))
+    wanted = driver.conn.transmit()
+    expected = driver.outstanding()
+    got = simulate(n, driver, seed=n, ord_=driver.conn.ord, credits_after=len(expected))
+    assert b"".join(bytes(f) for f in got["fpdus"]) == wanted
+    assert got["taken"] == expected and not got["refused"]
+
+
+ORD_OPS = [WrOpcode.RDMA_READ, WrOpcode.SEND, WrOpcode.ATOMIC_FETCH_AND_ADD,
+           WrOpcode.RDMA_READ, WrOpcode.SEND, WrOpcode.RDMA_READ, WrOpcode.RDMA_WRITE]
+
+
+def post_ops(driver, ops, *, fence_at=None):
+    """Post one work request of each opcode in ``ops`` (random otherwise)."""
+    for k, op in enumerate(ops):
+        wr = driver.random_wr(k)
+        wr.opcode, wr.send_flags = op, SendFlags.SIGNALED
+        atomic = op == WrOpcode.ATOMIC_FETCH_AND_ADD
+        wr.sg_list = [driver.sge(8 if atomic else 16)]
+        if k == fence_at:
+            wr.send_flags |= SendFlags.FENCE
+        driver.post(wr)
+
+
+def test_ord():
+    """ORD 2 and a fenced Send: the gateware stops where the engine stops, and each Read or
+    atomic completed lets it send what the engine sends then."""
+    driver = Driver(random.Random(5), ord_=2)
+    post_ops(driver, ORD_OPS, fence_at=4)
+    steps = [driver.conn.transmit()]
+    expected = driver.outstanding()
+    while driver.conn._outstanding:
+        expected += [e for e in driver.outstanding() if e not in expected]
+        steps.append(driver.answer_oldest())
+    got = simulate(8, driver, seed=5, ord_=driver.conn.ord, credits_after=len(steps) - 1)
+    octets = b"".join(bytes(f) for f in got["fpdus"])
+    assert octets == b"".join(steps)
+    assert [len(b"".join(bytes(f) for f in got["fpdus"][:k])) for k in got["after"]] == [
+        len(b"".join(steps[:k + 1])) for k in range(len(steps))]
+    assert got["taken"] == expected and len(steps) > 3
+
+
+def test_ord_zero():
+    """ORD 0: a Send goes, the Read after it is refused, and nothing after it is sent (the
+    engine puts the send queue in error)."""
+    rng = random.Random(7)
+    driver = Driver(rng, ord_=0)
+    for k, op in enumerate([WrOpcode.SEND, WrOpcode.RDMA_READ, WrOpcode.SEND]):
+        wr = driver.random_wr(k)
+        wr.opcode, wr.sg_list, wr.send_flags = op, [driver.sge(32)], SendFlags.SIGNALED
+        driver.post(wr)
+    wanted = driver.conn.transmit()
+    got = simulate(8, driver, seed=7, ord_=0)
+    assert b"".join(bytes(f) for f in got["fpdus"]) == wanted
+    assert [r["data"] for r in got["refused"]] == [1]
+
+
+@pytest.mark.tshark
+def test_tshark(tmp_path):
+    """tshark reads the path's stream (work of every kind, CRC on) as the engine's FPDUs, one
+    per segment, with Good CRC32 and the opcodes the engine sent."""
+    from iwarp_model.capture import StreamCapture
+    from iwarp_model.wire.fpdu import Deframer
+    from iwarp_model.wire.mpa import MpaFrame
+    from iwarp_tb.tshark import check_fpdus
+
+    driver = Driver(random.Random(40), crc=True, markers=False)
+    for k in range(30):
+        driver.post(driver.random_wr(k))
+    wanted = driver.conn.transmit()
+    got = simulate(8, driver, seed=40, ord_=driver.conn.ord)
+    path = tmp_path / "rdmap_request.pcap"
+    with StreamCapture(path, ("10.0.0.1", 40000), ("10.0.0.2", 5000)) as capture:
+        capture.sent(MpaFrame(reply=False, crc=True, revision=1).encode())
+        capture.received(MpaFrame(reply=True, crc=True, revision=1).encode())
+        for fpdu in got["fpdus"]:
+            capture.sent(bytes(fpdu))
+    check_fpdus(path, Deframer(crc=True, markers=False).feed(wanted))
