@@ -21,6 +21,7 @@ def tops():
     from .ddp.segment import SegmentParser
     from .ddp.send import StreamSender
     from .ddp.stag import StagTable
+    from .engine import IwarpEngine
     from .eth import GmiiMac, XgmiiMac
     from .eth.cdc import MacRxCrossing, MacTxCrossing
     from .fifo import PacketFifo
@@ -65,6 +66,7 @@ def tops():
         tops[f"iwarp_ddp_emit_w{n}"] = lambda n=n: SegmentEmitter(n)
         tops[f"iwarp_ddp_send_w{n}"] = lambda n=n: StreamSender(n)
         tops[f"iwarp_rdmap_send_scheduler_w{n}"] = lambda n=n: SendScheduler(n)
+        tops[f"iwarp_engine_w{n}"] = lambda n=n: IwarpEngine(n)
     for n in (1, 8):
         tops[f"iwarp_mac_rx_cdc_w{n}"] = lambda n=n: MacRxCrossing(n)
         tops[f"iwarp_mac_tx_cdc_w{n}"] = lambda n=n: MacTxCrossing(n)

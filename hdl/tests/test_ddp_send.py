@@ -3,8 +3,9 @@
 64 bytes: messages of every opcode, cut at a random ``max_ulpdu``, framed with CRC and markers
 each on and off; every FPDU must be the model ``Framer``'s frame of the model's segment, with
 the markers where the stream position puts them, under random idles, stalls and late fetches.
-tshark reads the stream; and a StreamReceiver fed by a StreamSender places RDMA Writes where
-the model's engine places them.
+tshark reads the stream; a Terminate requested mid-stream is framed between two segments and
+ends it; and a StreamReceiver fed by a StreamSender places RDMA Writes where the model's engine
+places them.
 """
 
 import random
@@ -20,7 +21,16 @@ from iwarp_nic.ddp.send import StreamSender
 from iwarp_tb.amsim import run
 from iwarp_tb.messages import fetches, messages, segments_of
 from iwarp_tb.stags import HostTable
-from iwarp_tb.streams import AmaranthBus, StreamPort, recv, recv_packets, send, send_packets
+from iwarp_tb.streams import (
+    AmaranthBus,
+    StreamPort,
+    collector,
+    recv,
+    recv_packets,
+    send,
+    send_packets,
+    until_quiet,
+)
 
 IDLE = STALL = 0.25
 
@@ -164,3 +174,55 @@ def test_loopback(n):
     run(dut, source, answer, places, data, name=f"ddp_loopback_w{n}")
     assert [(p["addr"], bytes(d)) for p, d in zip(got["places"], got["data"])] == placed
     assert len(placed) >= len(items) // 2
+
+
+@pytest.mark.parametrize("n", [1, 8, 64])
+def test_terminate(n):
+    """A Terminate requested while messages are going out is framed between two segments (as
+    the model's Framer frames the model's Terminate there), and nothing follows it."""
+    from iwarp_model.wire.rdmap import Opcode, Segment
+    from iwarp_model.wire.terminate import ErrorCode, Terminate
+
+    rng = random.Random(130 + n)
+    items = messages(rng, 12, 600)
+    offending = items[0][2][0]
+    terminate = Segment(Opcode.TERMINATE, msn=1, header=Terminate.for_error(
+        ErrorCode.DDP_TAGGED_INVALID_STAG, offending)).encode()
+    dut = StreamSender(n)
+    got = {}
+
+    async def source(ctx):
+        ctx.set(dut.max_ulpdu, 600)
+        ctx.set(dut.crc, 1)
+        ctx.set(dut.markers, 1)
+        bus = AmaranthBus(ctx)
+        await send(bus, StreamPort.amaranth(dut.i_message), [msg for msg, _, _ in items[:6]],
+                   rng=random.Random(n), idle=IDLE)
+        layer, etype, ecode = ErrorCode.DDP_TAGGED_INVALID_STAG.value
+        await send(bus, StreamPort.amaranth(dut.i_terminate), [{
+            "layer": layer, "etype": etype, "ecode": ecode, "msn": 1,
+            "offending": int.from_bytes(offending[:46].ljust(46, b"\0"), "little"),
+            "offending_length": len(offending)}])
+        await send(bus, StreamPort.amaranth(dut.i_message), [msg for msg, _, _ in items[6:]],
+                   rng=random.Random(n), idle=IDLE, timeout=1 << 30)
+
+    async def answer(ctx):
+        bus, rng = AmaranthBus(ctx), random.Random(n + 1)
+        for payload, offset, length in fetches(600, items):
+            await recv(bus, StreamPort.amaranth(dut.o_fetch), 1, rng=rng, stall=STALL,
+                       timeout=1 << 30)
+            await send_packets(bus, StreamPort.amaranth(dut.i_payload),
+                               [payload[offset:offset + length]], n, rng=rng, idle=IDLE)
+
+    async def control(ctx):
+        await until_quiet(ctx, [dut.o, dut.o_fetch], 2000)
+
+    run(dut, control, monitors=[source, answer, collector(
+        got, "fpdus", dut.o, data_bytes=n, rng=random.Random(n + 2), stall=STALL)],
+        name=f"ddp_send_terminate_w{n}")
+    ulpdus = [u for _, _, us in items for u in us]
+    sent = [bytes(f) for f in got["fpdus"]]
+    k = len(sent) - 1
+    framer = Framer(crc=True, markers=True)
+    wanted = [framer.frame(u) for u in ulpdus[:k]] + [framer.frame(terminate)]
+    assert sent == wanted and k >= len([u for _, _, us in items[:1] for u in us])

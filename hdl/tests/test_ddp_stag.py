@@ -18,12 +18,12 @@ import pytest
 from amaranth.back import verilog
 
 from iwarp_model.mr import Access, make_stag, stag_index
-from iwarp_nic.ddp.stag import Fault, StagTable
+from iwarp_nic.ddp.stag import Fault, LookupArbiter, StagTable
 from iwarp_tb import toolchain
 from iwarp_tb.amsim import run
 from iwarp_tb.lint import lint
 from iwarp_tb.stags import HostTable
-from iwarp_tb.streams import AmaranthBus, StreamPort, recv
+from iwarp_tb.streams import AmaranthBus, StreamPort, recv, send
 
 ENTRIES = 32
 IDLE = STALL = 0.25
@@ -173,3 +173,42 @@ def test_lint(tmp_path):
     path = tmp_path / "stag.v"
     path.write_text(verilog.convert(StagTable(4096), name="stag"))
     assert lint(path) == ""
+
+
+def test_arbiter():
+    """Two clients' checks share one table port: each client gets the results of its own
+    checks, in its order, whatever the interleaving and the table's latency."""
+    dut = LookupArbiter()
+    rng = random.Random(3)
+    asks = {c: [{"stag": rng.getrandbits(32), "to": rng.getrandbits(64), "length": k,
+                 "access": 0, "pd": 0} for k in range(40)] for c in "ab"}
+    got = {"a": [], "b": []}
+
+    def client(name):
+        async def bench(ctx):
+            await send(AmaranthBus(ctx), StreamPort.amaranth(getattr(dut, f"i_{name}")),
+                       asks[name], rng=random.Random(ord(name)), idle=0.3)
+        return bench
+
+    def results(name):
+        async def bench(ctx):
+            got[name] = await recv(AmaranthBus(ctx), StreamPort.amaranth(
+                getattr(dut, f"o_{name}")), len(asks[name]), rng=random.Random(ord(name) + 1),
+                stall=0.3)
+        return bench
+
+    async def table(ctx):
+        """Answers in order, a few cycles late: the fault says whose it was, addr the TO."""
+        bus, r = AmaranthBus(ctx), random.Random(5)
+        for _ in range(80):
+            (ask,) = await recv(bus, StreamPort.amaranth(dut.o_check), 1, rng=r, stall=0.2)
+            for _ in range(r.randrange(6)):
+                await ctx.tick()
+            await send(bus, StreamPort.amaranth(dut.i_check),
+                       [{"fault": ask["length"] % 7, "addr": ask["to"]}])
+
+    run(dut, client("a"), client("b"), results("a"), results("b"), table,
+        name="ddp_lookup_arbiter")
+    for name in "ab":
+        assert [(r["addr"], r["fault"].value) for r in got[name]] == [
+            (a["to"], a["length"] % 7) for a in asks[name]]

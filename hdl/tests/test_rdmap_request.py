@@ -25,10 +25,8 @@ from iwarp_model.mr import Access
 from iwarp_model.transport.memory import MemoryPair
 from iwarp_model.verbs import SGE, SendFlags, SendWR, WrOpcode
 from iwarp_model.wire.rdmap import (
-    AtomicRequest,
     AtomicResponse,
     Opcode,
-    ReadRequest,
     Segment,
 )
 from iwarp_nic.ddp.send import StreamSender
@@ -44,10 +42,10 @@ from iwarp_tb.streams import (
     send_packets,
     until_quiet,
 )
+from iwarp_tb.work import Headers, Requester
 
 IDLE = STALL = 0.2
 U64 = (1 << 64) - 1
-HEADERS = 0xF << 56             # host addresses of the headers the driver writes
 
 
 class TxPath(wiring.Component):
@@ -95,9 +93,9 @@ class Driver:
         MemoryPair(self.conn, self.peer).start()
         self.crc, self.markers = crc, markers
         self.max_ulpdu = self.conn._framer.max_ulpdu
-        self.headers = {}           # host address -> the octets written there
+        self.headers = Headers()
+        self.requester = Requester(self._source, self.headers)
         self.work = []              # the gateware's work requests
-        self.request_id = 0
 
     def sge(self, length):
         return SGE(self.region.iova + self.rng.randrange(len(self.memory) - length + 1),
@@ -106,63 +104,10 @@ class Driver:
     def _source(self, sge):
         return self.host.check(sge.lkey, sge.addr, sge.length, 0, self.pd.handle)[1]
 
-    def _header(self, octets):
-        addr = HEADERS + 64 * len(self.headers)
-        self.headers[addr] = octets
-        return addr
-
     def post(self, wr):
         """Post ``wr`` on the model's QP, and its work request(s) for the gateware."""
         self.qp.post_send(wr)
-        op, solicited = wr.opcode, bool(wr.send_flags & SendFlags.SOLICITED)
-        sge = wr.sg_list[0] if wr.sg_list else SGE(0, 0, 0)
-        base = {"id": wr.wr_id & 0xFFFF, "sink_stag": 0, "sink_to": 0, "size": 0,
-                "request_id": 0, "fence": int(bool(wr.send_flags & SendFlags.FENCE))}
-
-        def message(opcode, length, stag=0, to=0, inv_stag=0):
-            return {"opcode": opcode, "stag": stag, "to": to, "msn": 0, "inv_stag": inv_stag,
-                    "length": length}
-
-        def immediate():
-            return dict(base, message=message(9 if solicited else 8, 8),
-                        source=self._header(wr.imm_data.to_bytes(8, "big")))
-
-        if op in (WrOpcode.SEND, WrOpcode.SEND_WITH_INV):
-            inv = op == WrOpcode.SEND_WITH_INV
-            opcode = {(0, 0): 3, (1, 0): 5, (0, 1): 4, (1, 1): 6}[(solicited, inv)]
-            self.work.append(dict(base, message=message(
-                opcode, sge.length, inv_stag=wr.invalidate_rkey if inv else 0),
-                source=self._source(sge)))
-        elif op in (WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM):
-            self.work.append(dict(base, message=message(0, sge.length, wr.rkey,
-                                                        wr.remote_addr),
-                                  source=self._source(sge)))
-            if op == WrOpcode.RDMA_WRITE_WITH_IMM:
-                self.work.append(immediate())
-        elif op == WrOpcode.SEND_WITH_IMM:
-            self.work.append(immediate())
-        elif op == WrOpcode.RDMA_READ:
-            header = ReadRequest(sge.lkey, sge.addr, sge.length, wr.rkey, wr.remote_addr)
-            self.work.append(dict(base, message=message(1, ReadRequest.SIZE),
-                                  source=self._header(header.encode()), sink_stag=sge.lkey,
-                                  sink_to=sge.addr, size=sge.length))
-        else:
-            self.request_id += 1
-            rid = self.request_id
-            header = {
-                WrOpcode.ATOMIC_FETCH_AND_ADD: lambda: AtomicRequest.fetch_add(
-                    rid, wr.rkey, wr.remote_addr, wr.compare_add),
-                WrOpcode.MASKED_ATOMIC_FETCH_AND_ADD: lambda: AtomicRequest.fetch_add(
-                    rid, wr.rkey, wr.remote_addr, wr.compare_add, wr.compare_add_mask),
-                WrOpcode.ATOMIC_CMP_AND_SWP: lambda: AtomicRequest.cmp_swap(
-                    rid, wr.rkey, wr.remote_addr, wr.compare_add, wr.swap),
-                WrOpcode.MASKED_ATOMIC_CMP_AND_SWP: lambda: AtomicRequest.cmp_swap(
-                    rid, wr.rkey, wr.remote_addr, wr.compare_add, wr.swap,
-                    wr.compare_add_mask, wr.swap_mask),
-            }[op]()
-            self.work.append(dict(base, message=message(10, AtomicRequest.SIZE),
-                                  source=self._header(header.encode()), sink_stag=sge.lkey,
-                                  sink_to=sge.addr, size=8, request_id=rid))
+        self.work += self.requester.work_of(wr)
 
     def random_wr(self, wr_id):
         rng = self.rng
@@ -187,9 +132,9 @@ class Driver:
                       compare_add_mask=rng.getrandbits(64), swap_mask=rng.getrandbits(64))
 
     def read_host(self, addr, length):
-        if addr in self.headers:
-            assert length == len(self.headers[addr])
-            return self.headers[addr]
+        if addr in self.headers.octets:
+            assert length == len(self.headers.octets[addr])
+            return self.headers.octets[addr]
         base = self.host.host_addr(self.region.stag)
         offset = addr - base
         assert 0 <= offset and offset + length <= len(self.memory), hex(addr)

@@ -132,7 +132,8 @@ def crc_fits():
 def iwarp_fits():
     """The iWARP blocks at 8 bytes, each alone: the MPA framer, deframer, startup frames and
     negotiator, the DDP stages, the RX chain, the Terminate emitter and parser, the send
-    scheduler, the request responder, the atomic executor and the request issuer."""
+    scheduler, the request responder, the atomic executor and the request issuer; and the
+    whole engine of one connection (the MPA + DDP + RDMAP core)."""
     from iwarp_nic.ddp import (
         SegmentEmitter,
         SegmentParser,
@@ -141,6 +142,7 @@ def iwarp_fits():
         StreamReceiver,
         StreamSender,
     )
+    from iwarp_nic.engine import IwarpEngine
     from iwarp_nic.mpa import (
         FpduDeframer,
         FpduFramer,
@@ -178,6 +180,8 @@ def iwarp_fits():
                     "8 octets")
     yield from _fit(RequestIssuer(), "iwarp_rdmap_request_issuer", "RDMAP request issuer",
                     "ORD up to 32")
+    yield from _fit(IwarpEngine(8), "iwarp_engine_w8", "MPA + DDP + RDMAP engine",
+                    "one connection, 8 B/beat, 4096 STags")
 
 
 #: TCP bytes per full-size frame at MTU 1500 (RFC 9293 header, no options) and that frame's

@@ -21,7 +21,7 @@ from ..stream import BeatStream, check_data_bytes
 from . import placement
 from .rtr import RtrCheck
 from .segment import SegmentHeader, SegmentParser
-from .stag import StagTable, StagWrite
+from .stag import LookupArbiter, LookupRequest, LookupResult, StagTable, StagWrite
 
 __all__ = ["StreamReceiver"]
 
@@ -44,6 +44,10 @@ class StreamReceiver(wiring.Component):
         The peer's first FPDU was taken (with ``rtr``: it matched): this end may send.
     i_write : In(stream.Signature(StagWrite(pd_bits, log2(stag_entries))))
         STag table entries from the host.
+    i_check, o_check : In(stream.Signature(LookupRequest(pd_bits))),
+                       Out(stream.Signature(LookupResult))
+        Checks of the table for another block of the stream (the request responder), taking
+        turns with the placer's (:class:`~.stag.LookupArbiter`), answered in order.
     i_receive, receive_pending, i_outstanding : In
         The receives posted on queue 0, and the Reads outstanding
         (:class:`~.placement.SegmentPlacer`).
@@ -79,6 +83,8 @@ class StreamReceiver(wiring.Component):
             "crc": In(1), "markers": In(1), "max_ulpdu": In(16), "pd": In(pd_bits),
             "rtr": In(Rtr), "started": Out(1),
             "i_write": In(stream.Signature(StagWrite(pd_bits, index_bits))),
+            "i_check": In(stream.Signature(LookupRequest(pd_bits))),
+            "o_check": Out(stream.Signature(LookupResult)),
             "i_receive": In(stream.Signature(placement.PostedReceive)), "receive_pending": In(1),
             "i_outstanding": In(stream.Signature(placement.OutstandingRead)),
             "o_place": Out(stream.Signature(placement.PlaceRequest)),
@@ -114,8 +120,13 @@ class StreamReceiver(wiring.Component):
         m.d.comb += [rtr.expect.eq(self.rtr), placer.send_rtr.eq(rtr.o_send_rtr),
                      self.started.eq(rtr.started)]
         wiring.connect(m, parser.o_payload, placer.i_payload)
-        wiring.connect(m, placer.o_lookup, table.i_check)
-        wiring.connect(m, table.o_check, placer.i_lookup)
+        m.submodules.lookups = lookups = LookupArbiter(pd_bits=self.pd_bits)
+        wiring.connect(m, placer.o_lookup, lookups.i_a)
+        wiring.connect(m, lookups.o_a, placer.i_lookup)
+        wiring.connect(m, wiring.flipped(self.i_check), lookups.i_b)
+        wiring.connect(m, lookups.o_b, wiring.flipped(self.o_check))
+        wiring.connect(m, lookups.o_check, table.i_check)
+        wiring.connect(m, table.o_check, lookups.i_check)
         wiring.connect(m, placer.o_invalidate, table.i_invalidate)
         wiring.connect(m, table.o_invalidate, placer.i_invalidate)
         wiring.connect(m, wiring.flipped(self.i_write), table.i_write)

@@ -27,7 +27,8 @@ class RtrCheck(wiring.Component):
     Ports
     -----
     i, o : In/Out(stream.Signature(SegmentHeader))
-        The parser's headers, passed on combinationally (payloads do not pass here).
+        The parser's headers, passed on combinationally (payloads do not pass here); ``i`` is
+        ready exactly when ``o`` is.
     expect : In(Rtr)
         The RTR the MPA exchange settled (``NONE``: no check). Held from before the first
         header.
@@ -75,8 +76,10 @@ class RtrCheck(wiring.Component):
                                    eq(hdr.length, READ_REQUEST.length) & is_zero(size) & msn_1)
         good = hdr.ok & matches
         swallow = checking & good & eq(self.expect.as_value(), Rtr.SEND.value)
+        # Ready does not depend on the header (the parser's pipeline hangs on it): a Send RTR
+        # is taken when the consumer could take it.
         m.d.comb += [self.o.payload.eq(hdr), self.o.valid.eq(self.i.valid & ~swallow),
-                     self.i.ready.eq(self.o.ready | swallow)]
+                     self.i.ready.eq(self.o.ready)]
         with m.If(checking & ~good):
             m.d.comb += [self.o.payload.ok.eq(0),
                          self.o.payload.code.eq(TerminateCode.MPA_NO_MATCHING_RTR)]

@@ -12,13 +12,14 @@ invalidations as ``MrTable.invalidate`` does.
 from amaranth import Cat, Module, Mux, Signal, unsigned
 from amaranth.lib import enum, stream, wiring
 from amaranth.lib.data import StructLayout
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from ..exact import is_zero, widened, wire, wrap_add, wrap_sub
 
 __all__ = ["Access", "Fault", "Entry", "StagWrite", "LookupRequest", "LookupResult",
-           "InvalidateRequest", "StagTable"]
+           "InvalidateRequest", "StagTable", "LookupArbiter"]
 
 
 class Access(enum.Flag, shape=4):
@@ -242,4 +243,59 @@ class StagTable(wiring.Component):
             m.d.comb += [wr.addr.eq(self.i_write.payload.index),
                          wr.data.eq(self.i_write.payload.entry),
                          wr.en.eq(self.i_write.valid & ~busy)]
+        return m
+
+
+class LookupArbiter(wiring.Component):
+    """Share the table's check port between two clients of one stream.
+
+    Ports
+    -----
+    i_a, i_b : In(stream.Signature(LookupRequest(pd_bits)))
+        The clients' checks (the placer's, the request responder's).
+    o_a, o_b : Out(stream.Signature(LookupResult))
+        Each client's results, in the order of its requests.
+    o_check, i_check : Out(stream.Signature(LookupRequest(pd_bits))),
+                       In(stream.Signature(LookupResult))
+        To and from :class:`StagTable`, which answers in order.
+
+    When both clients offer a check, they take turns. Each check forwarded leaves a note of
+    its client in a queue of ``depth``; a result goes to the client at the head of it.
+    Latency: none either way (the request and the result pass combinationally). At most
+    ``depth`` checks are in the table at once.
+    """
+
+    def __init__(self, *, pd_bits=16, depth=8):
+        self.pd_bits = pd_bits
+        self.depth = depth
+        super().__init__({
+            "i_a": In(stream.Signature(LookupRequest(pd_bits))),
+            "i_b": In(stream.Signature(LookupRequest(pd_bits))),
+            "o_a": Out(stream.Signature(LookupResult)),
+            "o_b": Out(stream.Signature(LookupResult)),
+            "o_check": Out(stream.Signature(LookupRequest(pd_bits))),
+            "i_check": In(stream.Signature(LookupResult)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.clients = clients = SyncFIFOBuffered(width=1, depth=self.depth)
+        out = self.o_check
+        last_b = Signal()               # the last check forwarded was b's
+        pick_b = self.i_b.valid & (~self.i_a.valid | ~last_b)
+        forward = out.valid & out.ready
+        m.d.comb += [out.valid.eq((self.i_a.valid | self.i_b.valid) & clients.w_rdy),
+                     out.payload.eq(Mux(pick_b, self.i_b.payload, self.i_a.payload)),
+                     self.i_a.ready.eq(out.ready & clients.w_rdy & ~pick_b),
+                     self.i_b.ready.eq(out.ready & clients.w_rdy & pick_b),
+                     clients.w_en.eq(forward), clients.w_data.eq(pick_b)]
+        with m.If(forward):
+            m.d.sync += last_b.eq(pick_b)
+        to_b = clients.r_data[0]
+        result = self.i_check
+        m.d.comb += [self.o_a.payload.eq(result.payload), self.o_b.payload.eq(result.payload),
+                     self.o_a.valid.eq(result.valid & clients.r_rdy & ~to_b),
+                     self.o_b.valid.eq(result.valid & clients.r_rdy & to_b),
+                     result.ready.eq(clients.r_rdy & Mux(to_b, self.o_b.ready, self.o_a.ready)),
+                     clients.r_en.eq(result.valid & result.ready)]
         return m

@@ -1,0 +1,83 @@
+"""Work requests as the host's send queue engine gives them to the gateware
+(:data:`~iwarp_nic.rdmap.WorkRequest`), made from the model's ``SendWR``: the tests play the
+driver until one exists (issue 6). Payloads are named by host address; the RDMAP header of a
+Read or Atomic Request and the 8 octets of Immediate Data are written beside the work request
+(:class:`Headers`), Request Identifiers numbered from 1 as the model's engine numbers them.
+"""
+
+from iwarp_model.verbs import SGE, SendFlags, WrOpcode
+from iwarp_model.wire.rdmap import AtomicRequest, ReadRequest
+
+__all__ = ["Headers", "Requester"]
+
+
+class Headers:
+    """The octets the driver writes beside its work requests, by host address."""
+
+    BASE = 0xF << 56
+
+    def __init__(self):
+        self.octets = {}
+
+    def put(self, octets: bytes) -> int:
+        addr = self.BASE + 64 * len(self.octets)
+        self.octets[addr] = octets
+        return addr
+
+
+class Requester:
+    """One send queue's work requests for the gateware. ``source_of(sge)`` is the host
+    address of an SGE's first octet."""
+
+    def __init__(self, source_of, headers: Headers):
+        self.source_of, self.headers = source_of, headers
+        self.request_id = 0
+
+    def work_of(self, wr) -> list[dict]:
+        """The work request(s) for ``wr`` (a Write with Immediate Data is two)."""
+        op, solicited = wr.opcode, bool(wr.send_flags & SendFlags.SOLICITED)
+        sge = wr.sg_list[0] if wr.sg_list else SGE(0, 0, 0)
+        base = {"id": wr.wr_id & 0xFFFF, "sink_stag": 0, "sink_to": 0, "size": 0,
+                "request_id": 0, "fence": int(bool(wr.send_flags & SendFlags.FENCE))}
+
+        def message(opcode, length, stag=0, to=0, inv_stag=0):
+            return {"opcode": opcode, "stag": stag, "to": to, "msn": 0, "inv_stag": inv_stag,
+                    "length": length}
+
+        def immediate():
+            return dict(base, message=message(9 if solicited else 8, 8),
+                        source=self.headers.put(wr.imm_data.to_bytes(8, "big")))
+
+        if op in (WrOpcode.SEND, WrOpcode.SEND_WITH_INV):
+            inv = op == WrOpcode.SEND_WITH_INV
+            opcode = {(0, 0): 3, (1, 0): 5, (0, 1): 4, (1, 1): 6}[(solicited, inv)]
+            return [dict(base, message=message(opcode, sge.length,
+                                               inv_stag=wr.invalidate_rkey if inv else 0),
+                         source=self.source_of(sge))]
+        if op in (WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM):
+            write = dict(base, message=message(0, sge.length, wr.rkey, wr.remote_addr),
+                         source=self.source_of(sge))
+            return [write, immediate()] if op == WrOpcode.RDMA_WRITE_WITH_IMM else [write]
+        if op == WrOpcode.SEND_WITH_IMM:
+            return [immediate()]
+        if op == WrOpcode.RDMA_READ:
+            header = ReadRequest(sge.lkey, sge.addr, sge.length, wr.rkey, wr.remote_addr)
+            return [dict(base, message=message(1, ReadRequest.SIZE),
+                         source=self.headers.put(header.encode()), sink_stag=sge.lkey,
+                         sink_to=sge.addr, size=sge.length)]
+        self.request_id += 1
+        rid = self.request_id
+        header = {
+            WrOpcode.ATOMIC_FETCH_AND_ADD: lambda: AtomicRequest.fetch_add(
+                rid, wr.rkey, wr.remote_addr, wr.compare_add),
+            WrOpcode.MASKED_ATOMIC_FETCH_AND_ADD: lambda: AtomicRequest.fetch_add(
+                rid, wr.rkey, wr.remote_addr, wr.compare_add, wr.compare_add_mask),
+            WrOpcode.ATOMIC_CMP_AND_SWP: lambda: AtomicRequest.cmp_swap(
+                rid, wr.rkey, wr.remote_addr, wr.compare_add, wr.swap),
+            WrOpcode.MASKED_ATOMIC_CMP_AND_SWP: lambda: AtomicRequest.cmp_swap(
+                rid, wr.rkey, wr.remote_addr, wr.compare_add, wr.swap, wr.compare_add_mask,
+                wr.swap_mask),
+        }[op]()
+        return [dict(base, message=message(10, AtomicRequest.SIZE),
+                     source=self.headers.put(header.encode()), sink_stag=sge.lkey,
+                     sink_to=sge.addr, size=8, request_id=rid)]
