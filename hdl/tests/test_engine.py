@@ -1,6 +1,6 @@
 # amaranth: UnusedElaboratable=no
 """IwarpEngine, one connection's MPA, DDP and RDMAP in gateware, against a model peer over a
-TCP byte stream, at 8 and 64 bytes.
+TCP byte stream, at 1, 8 and 64 bytes.
 
 The gateware end and the model's peer set the connection up (either side the Initiator; CRC,
 markers, revision, the peer-to-peer model with a Write RTR), then both post work at once:
@@ -27,7 +27,7 @@ from iwarp_nic.engine import IwarpEngine
 from iwarp_nic.mpa import Outcome
 from iwarp_nic.rdmap import WorkRequest
 from iwarp_tb.amsim import run
-from iwarp_tb.stags import HostTable
+from iwarp_tb.stags import HostTable, load_table
 from iwarp_tb.streams import (
     AmaranthBus,
     StreamPort,
@@ -193,13 +193,7 @@ def simulate(n, *, initiator, p2p, seed, count=12, bad=None):
         bus = AmaranthBus(ctx)
         ctx.set(dut.pd, gw.pd.handle)
         ctx.set(dut.max_ulpdu, conn._framer.max_ulpdu)
-        for write in [host.write(gw.region)]:
-            ctx.set(dut.i_write.payload.index, write["index"])
-            for name, value in write["entry"].items():
-                ctx.set(dut.i_write.payload.entry[name], value)
-            ctx.set(dut.i_write.valid, 1)
-            await ctx.tick()
-        ctx.set(dut.i_write.valid, 0)
+        await load_table(ctx, dut.i_write, [host.write(gw.region)])
         await send(bus, StreamPort.amaranth(dut.i_config),
                    [config(gw_opts, initiator=initiator, qp=gw.qp)])
         (result,) = await recv(bus, StreamPort.amaranth(dut.o_result), 1, timeout=1 << 20)

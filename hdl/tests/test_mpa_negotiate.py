@@ -78,8 +78,8 @@ def config(options, *, initiator, hold=False):
 
 
 def exchange(mine, peer_octets, *, initiator, decision=None):
-    """The mirror's run: its frame's octets, the result the gateware must give (None fields
-    not compared), the private data it must pass on."""
+    """The mirror's run: its frame's octets, the result the gateware must give (the fields
+    it names), the private data it must pass on."""
     mirror = connection(mine, active=initiator, auto_accept=decision is None)
     mirror.start()
     sent = mirror.transmit()
@@ -88,22 +88,15 @@ def exchange(mine, peer_octets, *, initiator, decision=None):
         frame = reader.feed(peer_octets)
     except WireError as error:
         frame = error
-    held = False
-    if initiator:
-        mirror.receive(peer_octets)
-    else:
-        mirror.receive(peer_octets)
-        held = mirror.state == ConnState.MPA_REQUEST_RECEIVED
-        if held:
+    mirror.receive(peer_octets)
+    if not initiator:
+        if mirror.state == ConnState.MPA_REQUEST_RECEIVED:      # held for the host
             accept, private = decision
-            if accept:
-                mirror.accept(private)
-            else:
-                mirror.reject(private)
+            (mirror.accept if accept else mirror.reject)(private)
         sent = mirror.transmit()
     assert not isinstance(frame, MpaFrame) or frame.private_data == mirror.peer_private_data
     if isinstance(frame, WireError):
-        return sent, {"outcome": Outcome.BAD_FRAME, "error": ERROR_OF[type(frame)]}, b"", held
+        return sent, {"outcome": Outcome.BAD_FRAME, "error": ERROR_OF[type(frame)]}, b""
     result = {"outcome": _outcome(mirror, initiator), "error": StartupError.NONE}
     if result["outcome"] in (Outcome.ESTABLISHED, Outcome.NO_MATCHING_RTR):
         n = mirror.negotiated
@@ -113,7 +106,7 @@ def exchange(mine, peer_octets, *, initiator, decision=None):
                       p2p=int(n.peer_to_peer), ird=mirror.ird, ord=mirror.ord)
         if result["outcome"] == Outcome.ESTABLISHED:
             result["rtr"] = HW_RTR[mirror.rtr]
-    return sent, result, frame.private_data, held
+    return sent, result, frame.private_data
 
 
 def _outcome(mirror, initiator):
@@ -202,7 +195,7 @@ def _auto_reject(mine, frame):
 def check(n, mine, peer_octets, *, initiator, seed, decision=None):
     """The gateware ends as the mirror does."""
     after = random.Random(seed).randbytes(random.Random(seed).choice([0, 1, 700]))
-    sent, result, private, _ = exchange(mine, peer_octets, initiator=initiator,
+    sent, result, private = exchange(mine, peer_octets, initiator=initiator,
                                         decision=decision)
     got = simulate(n, mine, peer_octets, initiator=initiator, seed=seed, decision=decision,
                    after=after)

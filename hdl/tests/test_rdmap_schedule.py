@@ -144,6 +144,15 @@ def check(got, order, responses):
     assert sorted(got["sent"]) == sorted(w["inline"] for w in order if w in responses)
 
 
+def interleaved(got, sends, responses):
+    """The work in the order the messages came out, each input's order kept (a response is
+    a Read Response, opcode 2, or an Atomic Response, 11)."""
+    queues = {False: list(sends), True: list(responses)}
+    order = [queues[msg["opcode"] in (2, 11)].pop(0) for msg in got["messages"]]
+    assert not queues[False] and not queues[True]
+    return order
+
+
 @pytest.mark.parametrize("n", [1, 8, 64])
 def test_turns_at_full_rate(n):
     """Both inputs always offering: they alternate, the responses first, then the rest."""
@@ -161,15 +170,7 @@ def test_random_timing(n, seed):
     rng = random.Random(seed)
     sends, responses = work(rng, 12, 0), work(rng, 16, 2, inline=0.4)
     got = simulate(n, sends, responses, seed=seed, idle=0.3, stall=0.3)
-    order, pending = [], {0: list(sends), 2: list(responses), 11: list(responses)}
-    for msg in got["messages"]:
-        queue = pending[msg["opcode"]]
-        w = queue.pop(0)
-        if msg["opcode"] != 0:          # responses of both kinds share one queue
-            pending[2 if msg["opcode"] == 11 else 11].remove(w)
-        assert msg == w["message"]
-        order.append(w)
-    check(got, order, responses)
+    check(got, interleaved(got, sends, responses), responses)
 
 
 def test_lint(tmp_path):
@@ -190,10 +191,4 @@ def test_ends_together(seed):
             w["message"]["length"] = 0
     sends = work(rng, 10, 3)
     got = simulate(8, sends, responses, seed=seed, idle=0.1 * (seed - 4), stall=0.0)
-    order, pending = [], {3: list(sends), 2: list(responses), 11: list(responses)}
-    for msg in got["messages"]:
-        w = pending[msg["opcode"]].pop(0)
-        if msg["opcode"] != 3:
-            pending[2 if msg["opcode"] == 11 else 11].remove(w)
-        order.append(w)
-    check(got, order, responses)
+    check(got, interleaved(got, sends, responses), responses)
