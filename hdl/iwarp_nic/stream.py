@@ -19,7 +19,9 @@ from amaranth import Module, Mux, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["DATA_BYTES", "check_data_bytes", "BeatLayout", "BeatStream", "SkidBuffer"]
+from .exact import mask, select
+
+__all__ = ["DATA_BYTES", "check_data_bytes", "BeatLayout", "BeatStream", "keep_count", "SkidBuffer"]
 
 #: Datapath widths, in bytes per beat, that every streaming block supports.
 DATA_BYTES = (1, 2, 4, 8, 16, 32, 64)
@@ -44,6 +46,13 @@ def BeatLayout(data_bytes, *, err=False):
 def BeatStream(data_bytes, *, err=False):
     """``stream.Signature`` of a byte stream of :func:`BeatLayout` beats."""
     return stream.Signature(BeatLayout(data_bytes, err=err))
+
+
+def keep_count(m, keep, data_bytes, name):
+    """The bytes of a beat: the number of lanes of a ``keep`` contiguous from lane 0, as a
+    Signal of ``data_bytes.bit_length()`` bits (``data_bytes`` for a ``keep`` not of that form)."""
+    return select(m, keep, {mask(k): k for k in range(data_bytes + 1)},
+                  data_bytes.bit_length(), name)
 
 
 class SkidBuffer(wiring.Component):

@@ -28,7 +28,14 @@ def tops():
     from .hdrparse import HeaderEmitter, HeaderParser
     from .headers import ETHERNET
     from .ip import IpStack
-    from .mpa import FpduDeframer, FpduFramer, MpaNegotiator, StartupReader, StartupWriter
+    from .mpa import (
+        FpduDeframer,
+        FpduFramer,
+        FrameGather,
+        MpaNegotiator,
+        StartupReader,
+        StartupWriter,
+    )
     from .node import IpNode, TcpNode
     from .rdmap import (
         AtomicExecutor,
@@ -58,6 +65,7 @@ def tops():
         tops[f"iwarp_mpa_startup_reader_w{n}"] = lambda n=n: StartupReader(n)
         tops[f"iwarp_mpa_startup_writer_w{n}"] = lambda n=n: StartupWriter(n)
         tops[f"iwarp_mpa_negotiator_w{n}"] = lambda n=n: MpaNegotiator(n)
+        tops[f"iwarp_mpa_frame_gather_w{n}"] = lambda n=n: FrameGather(n)
         tops[f"iwarp_rdmap_terminate_w{n}"] = lambda n=n: TerminateEmitter(n)
         tops[f"iwarp_rdmap_terminate_parser_w{n}"] = lambda n=n: TerminateParser(n)
         tops[f"iwarp_ddp_segment_w{n}"] = lambda n=n: SegmentParser(n)

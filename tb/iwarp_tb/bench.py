@@ -130,8 +130,8 @@ def crc_fits():
 
 
 def iwarp_fits():
-    """The iWARP blocks at 8 bytes, each alone: the MPA framer, deframer, startup frames and
-    negotiator, the DDP stages, the RX chain, the Terminate emitter and parser, the send
+    """The iWARP blocks at 8 bytes, each alone: the MPA framer, deframer, startup frames,
+    negotiator and frame gather (16 connections, 4 KiB rings), the DDP stages, the RX chain, the Terminate emitter and parser, the send
     scheduler, the request responder, the atomic executor and the request issuer; and the
     whole engine of one connection (the MPA + DDP + RDMAP core)."""
     from iwarp_nic.ddp import (
@@ -146,6 +146,7 @@ def iwarp_fits():
     from iwarp_nic.mpa import (
         FpduDeframer,
         FpduFramer,
+        FrameGather,
         MpaNegotiator,
         StartupReader,
         StartupWriter,
@@ -163,6 +164,7 @@ def iwarp_fits():
                          ("MPA startup reader", StartupReader),
                          ("MPA startup writer", StartupWriter),
                          ("MPA negotiator", MpaNegotiator),
+                         ("MPA frame gather", FrameGather),
                          ("DDP segment parser", SegmentParser),
                          ("DDP segment placer", SegmentPlacer),
                          ("DDP receive", StreamReceiver),
@@ -383,6 +385,91 @@ def mpa_deframer():
                      one.stats["last_out_cycle"] - one.stats["last_in_cycle"], "cycles")
 
 
+def _gather_train(width, startup, chunks):
+    """Run :func:`frame_gather`'s stimulus through a gather of ``width`` bytes; return the
+    cycles of the input beats taken (with ``last``), of the output beats and piece headers, and
+    the octets released."""
+    from amaranth.sim import Simulator
+
+    from iwarp_nic.mpa import FrameGather, GatherOp
+
+    from .streams import AmaranthBus, StreamPort, recv, recv_packets, send, send_packets
+
+    dut = FrameGather(width, conns=4, ring_bytes=16384)
+    total = sum(map(len, chunks))
+    seen = {"in": [], "out": [], "header": [], "octets": bytearray()}
+
+    async def host(ctx):
+        bus = AmaranthBus(ctx)
+        cmd, header = StreamPort.amaranth(dut.i_cmd), StreamPort.amaranth(dut.i_header)
+        await send(bus, cmd, [{"op": GatherOp.START.value, "conn": 0, "markers": 0}])
+        await send(bus, header, [{"conn": 0, "length": len(startup)}])
+        await send_packets(bus, StreamPort.amaranth(dut.i), [startup], width)
+        while not seen["header"]:
+            await ctx.tick()
+        await send(bus, cmd, [{"op": GatherOp.FPDUS.value, "conn": 0, "markers": 1}])
+        for chunk in chunks:
+            await send(bus, header, [{"conn": 0, "length": len(chunk)}])
+            await send_packets(bus, StreamPort.amaranth(dut.i), [chunk], width)
+
+    async def drain(ctx):
+        bus = AmaranthBus(ctx)
+        while len(seen["octets"]) < len(startup) + total:
+            await recv(bus, StreamPort.amaranth(dut.o_header), 1)
+            [piece] = await recv_packets(bus, StreamPort.amaranth(dut.o), 1, width)
+            seen["octets"].extend(piece)
+
+    async def watch(ctx):
+        cycle = 0
+        async for _, _, *flags in ctx.tick().sample(
+                dut.i.valid, dut.i.ready, dut.i.payload.last, dut.o.valid, dut.o.ready,
+                dut.o_header.valid, dut.o_header.ready):
+            i_valid, i_ready, last, o_valid, o_ready, h_valid, h_ready = flags
+            if i_valid and i_ready:
+                seen["in"].append((cycle, last))
+            if o_valid and o_ready:
+                seen["out"].append(cycle)
+            if h_valid and h_ready:
+                seen["header"].append(cycle)
+            cycle += 1
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(host)
+    sim.add_testbench(drain)
+    sim.add_testbench(watch, background=True)
+    sim.run()
+    return seen
+
+
+def frame_gather():
+    """:class:`~iwarp_nic.mpa.FrameGather` (Amaranth simulation): one connection's train of
+    4 KiB FPDUs with CRC and markers, in chunks of an MSS (1460), offered back to back with the
+    output always ready; and the cycles from a chunk's last beat to the header of the piece it
+    completes (the startup frame's, alone on an idle gather)."""
+    from iwarp_model.wire.fpdu import Framer
+    from iwarp_model.wire.mpa import MpaFrame
+
+    rng = random.Random(5044)
+    count = 200
+    framer = Framer(crc=True, markers=True)
+    train = b"".join(framer.frame(rng.randbytes(4096)) for _ in range(count))
+    chunks = [train[k:k + 1460] for k in range(0, len(train), 1460)]
+    startup = MpaFrame(reply=True, markers=True).encode()
+    for width in (8, 64):
+        seen = _gather_train(width, startup, chunks)
+        if bytes(seen["octets"]) != startup + train:
+            raise AssertionError(f"gather w{width}: the octets released differ from the train")
+        first = seen["in"][-(-len(startup) // width)][0]   # the train's first beat
+        cycles = seen["out"][-1] - first + 1
+        config = f"{width} B/beat, {count} FPDUs of 4096-byte ULPDUs in 1460-octet chunks"
+        yield record("MPA frame gather input beats per cycle", config,
+                     round(len(train) / (width * cycles), 4), "fraction", 0.99)
+        startup_end = next(c for c, last in seen["in"] if last)
+        yield record("MPA frame gather latency", f"{width} B/beat, the startup frame's chunk "
+                     "end to its piece's header, idle", seen["header"][0] - startup_end, "cycles")
+
+
 #: The region the RX chain bench writes into: STag index 1, key 0x5A, PD 1.
 _BENCH_STAG, _BENCH_PD, _BENCH_HOST = 1 << 8 | 0x5A, 1, 0x1000_0000
 
@@ -522,7 +609,8 @@ def tx_chain():
                      round(4096 * 200 / (width * cycles), 4), "fraction")
 
 
-BENCHMARKS = [crc_engines, crc_fits, tcp_goodput, tcp_latency, mpa_deframer, rx_chain,
+BENCHMARKS = [crc_engines, crc_fits, tcp_goodput, tcp_latency, mpa_deframer, frame_gather,
+              rx_chain,
               tx_chain, iwarp_fits]
 
 

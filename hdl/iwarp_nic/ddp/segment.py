@@ -33,9 +33,9 @@ from amaranth.lib.data import StructLayout
 from amaranth.lib.wiring import In, Out
 
 from ..errors import TerminateCode
-from ..exact import add, eq, gt, is_zero, lt, mask, one_of, select, sub, wire, wrap_add
+from ..exact import add, eq, gt, is_zero, lt, one_of, select, sub, wire, wrap_add
 from ..headers import ATOMIC_REQUEST, DDP_TAGGED, DDP_UNTAGGED
-from ..stream import BeatStream, check_data_bytes
+from ..stream import BeatStream, check_data_bytes, keep_count
 from ..trim import HeadTrim
 from ..width import BeatDownsizer, BeatUpsizer
 
@@ -153,8 +153,7 @@ class SegmentParser(wiring.Component):
         first = Signal(init=1)
         count_given = Signal()
         lanes = Cat(beat.keep[k].replicate(8) for k in range(n))
-        in_last = select(m, beat.keep, {mask(k): k for k in range(1, n + 1)},
-                         n.bit_length(), "in_last")
+        in_last = keep_count(m, beat.keep, n, "in_last")
         merged = Signal.like(held)
         m.d.comb += merged.eq(held)
         for k in range(beats):

@@ -55,7 +55,7 @@ from ..exact import (
     wrap_add,
     wrap_sub,
 )
-from ..stream import BeatStream, check_data_bytes
+from ..stream import BeatStream, check_data_bytes, keep_count
 from ..width import BeatDownsizer, BeatUpsizer
 
 __all__ = ["ErrorKind", "FpduBeat", "LogicalBeat", "FpduSplitter", "CrcChecker",
@@ -110,12 +110,6 @@ def _check_core(data_bytes):
 def _at_most(value, bound):
     """``value <= bound`` for a constant ``bound`` (never, below 0)."""
     return ~gt(value, bound) if bound >= 0 else C(0, 1)
-
-
-def _count_of(m, keep, data_bytes, name):
-    """The number of lanes of a contiguous ``keep`` from lane 0."""
-    return select(m, keep, {mask(k): k for k in range(data_bytes + 1)},
-                  data_bytes.bit_length(), name)
 
 
 class FpduSplitter(wiring.Component):
@@ -318,7 +312,7 @@ class FpduSplitter(wiring.Component):
         room = Signal(init=1)       # have <= size - n, kept beside `have` (timing)
         m.d.comb += self.i.ready.eq(room | dead)
         take = self.i.valid & room & ~dead
-        count = _count_of(m, beat.keep, n, "in_count")
+        count = keep_count(m, beat.keep, n, "in_count")
         lanes = Cat(beat.data.word_select(j, 8) & beat.keep[j].replicate(8) for j in range(n))
         shift_w = (size - 1).bit_length()
         fill = (1 << shift_w) - 1      # placing at `have` = shifting right by fill - have
@@ -443,7 +437,7 @@ class MarkerRemover(wiring.Component):
                             out_left), "left")
         bad = wire(m, ~first & bad_r, "bad")
         here, lane = beat.marker, beat.marker_lane
-        words_in = _count_of(m, beat.keep, n, "in_bytes")[2:]
+        words_in = keep_count(m, beat.keep, n, "in_bytes")[2:]
         word_at = (select(m, lane, [beat.data.word_select(q, 32) for q in range(u)], 32,
                           "marker_word") if u > 1 else beat.data)
         fpduptr = Cat(word_at[24:32], word_at[16:24])     # octets 2 and 3, big-endian

@@ -18,13 +18,13 @@ from ..stream import BeatStream, check_data_bytes
 from ..width import BeatDownsizer, BeatUpsizer
 
 __all__ = ["StartupError", "StartupFrame", "StartupFields", "StartupReader", "StartupWriter",
-           "KEY_REQUEST", "KEY_REPLY"]
+           "KEY_REQUEST", "KEY_REPLY", "MAX_PRIVATE_DATA"]
 
 KEY_REQUEST = b"MPA ID Req Frame"
 KEY_REPLY = b"MPA ID Rep Frame"
 _HEADER = 20                        # key, flags, Rev, PD_Length
 _ENHANCED = 4                       # RFC 6581 IRD/ORD at the head of the private data
-_MAX_PRIVATE = 512                  # PD_Length's limit, the enhanced data included
+MAX_PRIVATE_DATA = 512  # PD_Length's limit, the enhanced data included
 
 
 class StartupError(enum.Enum, shape=3):
@@ -216,7 +216,7 @@ class StartupReader(wiring.Component):
                 length = Signal(16)
                 m.d.comb += length.eq(Cat(octet, pd_high))
                 # Compared octet by octet: PD_Length above 512, below 4, 0.
-                high = _MAX_PRIVATE >> 8
+                high = MAX_PRIVATE_DATA >> 8
                 over = gt(pd_high, high) | (eq(pd_high, high) & ~is_zero(octet))
                 short = is_zero(pd_high) & lt(octet, _ENHANCED)
                 m.d.sync += [pd_length.eq(length), total.eq(add(length[:10], _HEADER)),

@@ -1,0 +1,278 @@
+# amaranth: UnusedElaboratable=no
+"""FrameGather against the model's framing, widths 1, 8 and 64.
+
+Each connection's stream is built by the model: an MPA Request or Reply
+(:class:`iwarp_model.wire.mpa.MpaFrame`), then FPDUs from :class:`iwarp_model.wire.fpdu.Framer`
+with markers or not, ULPDUs of random lengths. The streams are cut into TCP-like chunks and the
+chunks of all connections interleaved at random, with random idle and stall cycles on every
+stream; a host answers each STARTUP release with the FPDUS command before that connection's
+FPDU chunks may go. The oracle replays the same chunks against the frame boundaries the model
+produced: after each chunk, a connection's octets up to its last complete frame are released,
+so the whole sequence of releases (connection, kind, marker position, octets) must match.
+"""
+
+import random
+from dataclasses import dataclass, field
+
+import pytest
+
+from iwarp_model.wire.fpdu import Framer, wire_length
+from iwarp_model.wire.mpa import MpaFrame
+from iwarp_nic.mpa.gather import FrameGather, GatherOp, ReleaseKind, max_frame_ulpdu
+from iwarp_tb.amsim import run
+from iwarp_tb.streams import AmaranthBus, StreamPort, recv, recv_packets, send, send_packets
+
+IDLE = STALL = 0.3
+WIDTHS = (1, 8, 64)
+CONNS = 3
+RING = 4096
+CHUNK = 1460
+
+
+@dataclass
+class Stream:
+    """One connection's octets, where its frames end, and what the oracle has released."""
+
+    conn: int
+    startup: bytes
+    markers: bool
+    octets: bytearray = field(default_factory=bytearray)
+    ends: list = field(default_factory=list)      # offsets where frames end, ascending
+    delivered: int = 0
+    released: int = 0
+    passing: int | None = None      # offset from which framing is lost (an over-long length)
+    early: bool = False             # the startup frame is out and FPDU mode not set yet
+
+    def kind_at(self, offset):
+        if offset < len(self.startup):
+            return ReleaseKind.STARTUP
+        return ReleaseKind.EARLY if self.early else ReleaseKind.FPDUS
+
+    def piece(self):
+        """What the gather releases after the chunk that brought ``delivered`` octets."""
+        kind = self.kind_at(self.released)
+        if self.passing is not None and self.delivered >= self.passing:
+            end = self.delivered
+        else:
+            end = max([self.released] + [e for e in self.ends if e <= self.delivered])
+        if end == self.released:
+            return None
+        start, self.released = self.released, end
+        return (self.conn, kind, (start - len(self.startup)) % 512,
+                bytes(self.octets[start:end]))
+
+
+def build(rng, conn, n_fpdus, *, oversize_at=None, largest=2599, big=False):
+    """A connection's stream: a startup frame, then ``n_fpdus`` FPDUs (one with ULPDU_Length
+    0xFFFF, its field complete at ``passing``, when ``oversize_at`` is given). With ``big``, the
+    largest private data and a last FPDU of ``largest`` octets."""
+    pd_size = 512 if big else rng.choice([0, 1, 3, 17, 100, 512])
+    pd = bytes(rng.getrandbits(8) for _ in range(pd_size))
+    frame = MpaFrame(reply=rng.random() < 0.5, markers=rng.random() < 0.5,
+                     crc=rng.random() < 0.5, private_data=pd).encode()
+    s = Stream(conn, frame, markers=rng.random() < 0.5)
+    s.octets += frame
+    s.ends.append(len(frame))
+    framer = Framer(crc=rng.random() < 0.5, markers=s.markers)
+    for k in range(n_fpdus):
+        size = rng.choice([0, 1, 2, 3, 14, 28, rng.randint(0, 600),
+                           rng.randint(500, largest)])
+        if big and k == n_fpdus - 1:
+            size = largest
+        elif s.markers and rng.random() < 0.3:
+            # Sized to end on a marker, so the next FPDU begins with a leading marker.
+            position = framer.position
+            size = next(size for size in range(largest + 1) if (position + wire_length(
+                size, position=position, markers=True)) % 512 == 0)
+        fpdu = framer.frame(bytes(rng.getrandbits(8) for _ in range(size)))
+        if k == oversize_at:
+            # The length field (after a leading marker, if any) claims 0xFFFF.
+            at = 4 if s.markers and (len(s.octets) - len(frame)) % 512 == 0 else 0
+            fpdu = fpdu[:at] + b"\xff\xff" + fpdu[at + 2:]
+            s.passing = len(s.octets) + at + 2
+        s.octets += fpdu
+        s.ends.append(len(s.octets))
+    return s
+
+
+def chunks_of(rng, s, n, chunk=CHUNK):
+    """The startup frame's chunks, then the FPDUs' (none crossing the startup frame's end)."""
+    sizes = (1, 2, 3, 7, n, n + 1, 64, 300, chunk)
+    head = len(s.startup)
+
+    def cut(lo, hi):
+        out = []
+        while lo < hi:
+            size = min(rng.choice(sizes), hi - lo)
+            out.append((lo, lo + size))
+            lo += size
+        return out
+
+    return cut(0, head), cut(head, len(s.octets))
+
+
+def gather_run(n, streams, rng, *, early=()):
+    """Run the streams through a FrameGather; return (expected, got) release lists.
+    Connections in ``early`` get their first FPDU chunk before the FPDUS command."""
+    dut = FrameGather(n, conns=CONNS, ring_bytes=RING, max_chunk=CHUNK)
+    plans = {s.conn: chunks_of(rng, s, n) for s in streams}
+    allowed = {s.conn: False for s in streams}      # FPDU chunks may go
+    expected, got = [], []
+    state = {"sent": False, "started": False}
+
+    async def sender(ctx):
+        bus = AmaranthBus(ctx)
+        while not state["started"]:                 # START before a connection's octets
+            await ctx.tick()
+        while any(plans[c][0] or plans[c][1] for c in plans):
+            ready = [c for c in plans if plans[c][0]
+                     or (plans[c][1] and (allowed[c] or (c in early and not plans[c][0])))]
+            if not ready:
+                await ctx.tick()
+                continue
+            c = rng.choice(ready)
+            s = streams[c]
+            startup, fpdus = plans[c]
+            lo, hi = (startup if startup else fpdus).pop(0)
+            s.delivered = hi
+            if s.delivered > len(s.startup) and not allowed[c]:
+                s.early = True
+                if s.passing is None or s.passing > len(s.startup):
+                    s.passing = len(s.startup)
+            piece = s.piece()
+            if piece:
+                expected.append(piece)
+            await send(bus, StreamPort.amaranth(dut.i_header), [{"conn": c, "length": hi - lo}],
+                       rng=rng, idle=IDLE)
+            await send_packets(bus, StreamPort.amaranth(dut.i), [bytes(s.octets[lo:hi])], n,
+                               rng=rng, idle=IDLE)
+        state["sent"] = True
+
+    async def host(ctx):
+        bus = AmaranthBus(ctx)
+        await send(bus, StreamPort.amaranth(dut.i_cmd),
+                   [{"op": GatherOp.START.value, "conn": s.conn, "markers": 0} for s in streams],
+                   rng=rng, idle=IDLE)
+        state["started"] = True
+        done = set()
+        while len(done) < len(streams):
+            for s in streams:
+                if s.conn not in done and any(g[0] == s.conn and g[1] == ReleaseKind.STARTUP
+                                              for g in got):
+                    done.add(s.conn)
+                    if s.conn in early:
+                        continue
+                    await send(bus, StreamPort.amaranth(dut.i_cmd),
+                               [{"op": GatherOp.FPDUS.value, "conn": s.conn,
+                                 "markers": int(s.markers)}], rng=rng, idle=IDLE)
+                    allowed[s.conn] = True
+            await ctx.tick()
+
+    async def receiver(ctx):
+        bus = AmaranthBus(ctx)
+        while not state["sent"] or len(got) < len(expected):
+            [header] = await recv(bus, StreamPort.amaranth(dut.o_header), 1, rng=rng,
+                                  stall=STALL, timeout=20_000)
+            [octets] = await recv_packets(bus, StreamPort.amaranth(dut.o), 1, n, rng=rng,
+                                          stall=STALL)
+            assert header["length"] == len(octets)
+            got.append((header["conn"], ReleaseKind(header["kind"]), header["position"],
+                        bytes(octets)))
+
+    run(dut, sender, host, receiver, name=f"mpa_gather_w{n}")
+    return expected, got
+
+
+def check(expected, got):
+    assert len(got) == len(expected), f"{len(got)} releases, {len(expected)} expected"
+    for k, (e, g) in enumerate(zip(expected, got)):
+        assert g[:2] == e[:2], f"release {k}: {g[:2]} != {e[:2]}"
+        assert g[3] == e[3], f"release {k} (conn {e[0]}, {e[1]}): octets differ, " \
+                             f"{len(g[3])} != {len(e[3])}"
+        if e[1] != ReleaseKind.STARTUP:
+            assert g[2] == e[2], f"release {k}: position {g[2]} != {e[2]}"
+
+
+@pytest.mark.parametrize("n", WIDTHS)
+def test_random_streams(n):
+    """Several connections at once: every release matches the oracle's."""
+    rng = random.Random(500 + n)
+    fpdus = 6 if n == 1 else 40
+    streams = [build(rng, c, fpdus) for c in range(CONNS)]
+    check(*gather_run(n, streams, rng))
+
+
+@pytest.mark.parametrize("n", WIDTHS)
+def test_framing_lost(n):
+    """An over-long ULPDU_Length on one connection and early octets on another: from there on
+    their octets are released as they come, the third connection's frames as before."""
+    rng = random.Random(600 + n)
+    fpdus = 5 if n == 1 else 20
+    streams = [build(rng, 0, fpdus, oversize_at=3), build(rng, 1, fpdus), build(rng, 2, fpdus)]
+    expected, got = gather_run(n, streams, rng, early={1})
+    check(expected, got)
+    kinds = {(g[0], g[1]) for g in got}
+    assert (1, ReleaseKind.EARLY) in kinds
+
+
+@pytest.mark.parametrize("n", WIDTHS)
+def test_slot_reuse(n):
+    """One slot, a small ring (1 KiB, chunks up to 300 octets) and a slow reader: connection
+    after connection is started on it, each cut off inside its largest frame. Every connection's
+    releases match the oracle's, and the octets its predecessor left unreleased do not take its
+    room (with them, its 532-octet startup frame would not fit)."""
+    rng = random.Random(700 + n)
+    ring, chunk = 1024, 300
+    dut = FrameGather(n, conns=2, ring_bytes=ring, max_chunk=chunk)
+    largest = dut.max_ulpdu
+    rounds = [build(rng, 1, 3 if n == 1 else 8, largest=largest, big=True) for _ in range(6)]
+    expected, got = [], []
+
+    async def bench(ctx):
+        bus = AmaranthBus(ctx)
+        cmd, header = StreamPort.amaranth(dut.i_cmd), StreamPort.amaranth(dut.i_header)
+        for s in rounds:
+            await send(bus, cmd, [{"op": GatherOp.START.value, "conn": 1, "markers": 0}])
+            startup, fpdus = chunks_of(rng, s, n, chunk)
+            # Cut off inside the last frame.
+            while fpdus and fpdus[-1][1] > s.ends[-2]:
+                fpdus.pop()
+            lo = fpdus[-1][1] if fpdus else len(s.startup)
+            fpdus += [(k, min(k + chunk, s.ends[-1] - 1)) for k in range(lo, s.ends[-1] - 1, chunk)]
+            for k, (lo, hi) in enumerate(startup + fpdus):
+                if k == len(startup):
+                    while len(got) < len(expected):
+                        await ctx.tick()
+                    await send(bus, cmd, [{"op": GatherOp.FPDUS.value, "conn": 1,
+                                           "markers": int(s.markers)}])
+                s.delivered = hi
+                piece = s.piece()
+                if piece:
+                    expected.append(piece)
+                await send(bus, header, [{"conn": 1, "length": hi - lo}], rng=rng, idle=IDLE)
+                await send_packets(bus, StreamPort.amaranth(dut.i), [bytes(s.octets[lo:hi])],
+                                   n, rng=rng, idle=IDLE)
+        while len(got) < len(expected):
+            await ctx.tick()
+
+    async def receiver(ctx):
+        bus = AmaranthBus(ctx)
+        while True:
+            [header] = await recv(bus, StreamPort.amaranth(dut.o_header), 1, rng=rng,
+                                  stall=0.8, timeout=10**9)
+            [octets] = await recv_packets(bus, StreamPort.amaranth(dut.o), 1, n, rng=rng,
+                                          stall=0.8)
+            got.append((header["conn"], ReleaseKind(header["kind"]), header["position"],
+                        bytes(octets)))
+
+    run(dut, bench, monitors=[receiver], name=f"mpa_gather_reuse_w{n}")
+    check(expected, got)
+    assert sum(len(s.octets) for s in rounds) > 4 * ring
+
+
+def test_parameters():
+    assert max_frame_ulpdu(4096, 1460) == FrameGather(8).max_ulpdu
+    with pytest.raises(ValueError, match="ring_bytes"):
+        FrameGather(8, ring_bytes=1024)
+    with pytest.raises(ValueError, match="max_chunk"):
+        FrameGather(8, max_chunk=0)
