@@ -30,7 +30,7 @@ from ..exact import (
     wrap_add,
     wrap_sub,
 )
-from ..stream import BeatStream, check_data_bytes, keep_count
+from ..stream import BeatLayout, BeatStream, SkidBuffer, check_data_bytes, keep_count
 from ..tcp.layouts import ChunkHeader, RingRequest, conn_bits
 from ..tcp.ring import TxRing
 from .framer import wire_length
@@ -261,7 +261,8 @@ class FrameGather(wiring.Component):
         state = Machine(m, states, "gather")
         state_index = {name: k for k, name in enumerate(states)}
         idle = Signal()
-        counting = self._markers(m, cur)
+        count = self._markers(m, cur)
+        counting = count[0]
         # The next chunk's header, taken while the chunk before it runs.
         held = Signal()
         held_conn, held_length = Signal.like(conn), Signal.like(length)
@@ -319,8 +320,12 @@ class FrameGather(wiring.Component):
             state.goto("ROOM")
         with state.state("ROOM"):
             write(length)
+        # The beats reach the ring through a register slice: the decision to take one does
+        # not run on into the ring's rotation.
+        m.submodules.to_ring = to_ring = SkidBuffer(BeatLayout(self.data_bytes))
+        wiring.connect(m, to_ring.o, ring.i_data)
         with state.state("RUN"):
-            self._frames(m, ring, cur, counting, state)
+            self._frames(m, to_ring, cur, count, state)
         with state.state("END"):
             # The chunk's octets are all in, its last FPDU's markers counted.
             with m.If(~counting):
@@ -382,20 +387,21 @@ class FrameGather(wiring.Component):
         """The wire length of the FPDU whose ULPDU_Length was just read: ``cur.need`` starts as
         the ULPDU and CRC octets, and :func:`~.framer.wire_length` adds the pad and the inner
         markers four cycles later (its three, and one to subtract what ``need`` began with).
-        Returns ``counting``, high meanwhile; `_frames` drives the rest."""
-        self._count = Signal(name="count_start")
-        self._count_length = Signal(16, name="count_length")
-        self._decrease = Signal(len(cur.need), name="need_decrease")
+        Returns ``counting`` (high meanwhile) and what `_frames` drives: the pulse that starts a
+        count, the ULPDU_Length it counts for, and the octets by which ``need`` decreases."""
+        start_count = Signal()
+        count_length = Signal(16)
+        decrease = Signal(len(cur.need), name="need_decrease")
         counting = Signal()
         # What `need` began with, and what it lacked: W less the leading marker, the
         # ULPDU_Length field, the ULPDU and the CRC field.
         counted, counted_extra = Signal(17), Signal(17)
         position = wrap_sub(m, cur.start[:9], cur.origin, 9, "frame_position")
-        wired, on_wire = wire_length(m, self._count, self._count_length, position, cur.markers)
-        with m.If(self._count):
+        wired, on_wire = wire_length(m, start_count, count_length, position, cur.markers)
+        with m.If(start_count):
             lead = Mux(cur.markers & is_zero(position), _MARKER + _LENGTH + _CRC, _LENGTH + _CRC)
             m.d.sync += [counting.eq(1),
-                         counted.eq(wrap_add(m, widened(m, self._count_length, 17, "count_wide"),
+                         counted.eq(wrap_add(m, widened(m, count_length, 17, "count_wide"),
                                              lead, 17, "count_bound"))]
         extra_ready = Signal()
         m.d.sync += [extra_ready.eq(wired),
@@ -404,11 +410,11 @@ class FrameGather(wiring.Component):
         with m.If(extra_ready):
             m.d.comb += extra.eq(counted_extra)
             m.d.sync += counting.eq(0)
-        less = wrap_sub(m, cur.need, self._decrease, len(cur.need), "need_less")
+        less = wrap_sub(m, cur.need, decrease, len(cur.need), "need_less")
         m.d.sync += cur.need.eq(wrap_add(m, less, extra, len(cur.need), "need_next"))
-        return counting
+        return counting, start_count, count_length, decrease
 
-    def _frames(self, m, ring, cur, counting, state):
+    def _frames(self, m, to_ring, cur, count, state):
         """RUN: the head beat, lane ``at`` on, as far as the next frame boundary or length
         field; the beat goes to the ring once all its octets are passed."""
         n = self.data_bytes
@@ -419,9 +425,10 @@ class FrameGather(wiring.Component):
         avail = wrap_sub(m, k, at, count_w, "avail")     # octets from lane `at` on
         step = Signal(count_w)      # octets passed this cycle
         take = wire(m, same(step, avail), "take")        # ... and with them the beat
-        now = self.i.valid & ring.i_data.ready
-        m.d.comb += [ring.i_data.valid.eq(self.i.valid & take), ring.i_data.payload.eq(beat),
-                     self.i.ready.eq(take & ring.i_data.ready)]
+        counting, start_count, count_length, decrease = count
+        now = self.i.valid & to_ring.i.ready
+        m.d.comb += [to_ring.i.valid.eq(self.i.valid & take), to_ring.i.payload.eq(beat),
+                     self.i.ready.eq(take & to_ring.i.ready)]
         with m.If(now):
             m.d.sync += [cur.wseq.eq(wrap_add(m, cur.wseq, step, 32, "wseq_next")),
                          at.eq(Mux(take, 0, wrap_add(m, at, step, len(at), "at_next")))]
@@ -434,7 +441,6 @@ class FrameGather(wiring.Component):
         octet = select(m, lane, lanes, 8, "field_octet")
         nxt = add(lane, 1)
         following = select(m, lane, lanes[1:] + [C(0, 8)], 8, "field_next") if n > 1 else C(0, 8)
-        need_avail = widened(m, avail, len(cur.need), "avail_wide")
         # Is the length field's first octet in this beat (after `skip`), and its second?
         cmp_w = max(count_w, len(cur.skip), len(lane)) + 1
         field_here = widened(m, avail, cmp_w, "avail_cmp") > widened(m, cur.skip, cmp_w, "skip_cmp")
@@ -450,7 +456,7 @@ class FrameGather(wiring.Component):
                     m.d.sync += cur.passing.eq(1)
             with m.Else():
                 m.d.sync += cur.need.eq(add(widened(m, value, 17, "ulpdu_wide"), _CRC))
-                m.d.comb += [self._count.eq(1), self._count_length.eq(value)]
+                m.d.comb += [start_count.eq(1), count_length.eq(value)]
                 with m.If(gt(value, self.max_ulpdu)):
                     m.d.sync += cur.passing.eq(1)
 
@@ -461,8 +467,9 @@ class FrameGather(wiring.Component):
             m.d.comb += step.eq(avail)
             m.d.sync += cur.passing.eq(1)
         with m.Elif(cur.framed):
-            with m.If(cur.need > need_avail):
-                m.d.comb += [step.eq(avail), self._decrease.eq(avail)]
+            # need > avail, the high bits apart (a beat holds fewer than 2**count_w octets).
+            with m.If(cur.need[count_w:].any() | (cur.need[:count_w] > avail)):
+                m.d.comb += [step.eq(avail), decrease.eq(avail)]
             with m.Elif(~counting):
                 # The frame ends `need` octets on, in this beat.
                 m.d.comb += step.eq(cur.need[:count_w])
