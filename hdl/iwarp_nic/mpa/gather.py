@@ -282,7 +282,9 @@ class FrameGather(wiring.Component):
         free = Signal(17)
         free_ok = Signal()
         unread = wrap_sub(m, cur.wseq, drained_rd.data, 32, "unread")
-        m.d.sync += [free.eq(wrap_sub(m, C(self.ring_bytes, 17), unread[:16], 17, "free_next")),
+        # ring_bytes - unread, as ring_bytes + 1 + ~unread (17 bits).
+        m.d.sync += [free.eq(add(~widened(m, unread[:16], 17, "unread_wide"),
+                                 self.ring_bytes + 1)),
                      free_ok.eq(~eq(state.reg, state_index["LOAD"])
                                 & ~eq(state.reg, state_index["RUN"]))]
 
