@@ -131,9 +131,10 @@ def crc_fits():
 
 def iwarp_fits():
     """The iWARP blocks at 8 bytes, each alone: the MPA framer, deframer, startup frames,
-    negotiator and frame gather (16 connections, 4 KiB rings), the DDP stages, the RX chain, the Terminate emitter and parser, the send
-    scheduler, the request responder, the atomic executor and the request issuer; and the
-    whole engine of one connection (the MPA + DDP + RDMAP core)."""
+    negotiator and frame gather (16 connections, 4 KiB rings), the DDP stages, the RX chain,
+    the Terminate emitter and parser, the send scheduler, the request responder, the atomic
+    executor and the request issuer; and the whole engine of one connection (the MPA + DDP +
+    RDMAP core)."""
     from iwarp_nic.ddp import (
         SegmentEmitter,
         SegmentParser,

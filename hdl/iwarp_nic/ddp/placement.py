@@ -51,7 +51,7 @@ from ..exact import (
 )
 from ..fifo import PacketFifo
 from ..headers import ATOMIC_RESPONSE, DDP_UNTAGGED
-from ..stream import BeatStream, check_data_bytes
+from ..stream import BeatLayout, BeatStream, SkidBuffer, check_data_bytes
 from .segment import INVALIDATE_OPCODES, QUEUE, SegmentHeader
 from .stag import Access, Fault, InvalidateRequest, LookupRequest, LookupResult
 
@@ -150,7 +150,8 @@ class SegmentPlacer(wiring.Component):
     o_read_done : Out(stream.Signature(ReadDone))
         A Read or atomic is done, after the last placement of its answer.
     o_fault : Out(stream.Signature(Violation))
-        One Terminate request, for the first segment the parser found bad or that fails here:
+        One Terminate request, offered two cycles after the check that fails (``dead`` is set
+        a cycle before), for the first segment the parser found bad or that fails here:
 
         ==========================================  =========================================
         violation                                   code
@@ -196,7 +197,9 @@ class SegmentPlacer(wiring.Component):
     longer than the decision's few cycles plus, for a Write or a message's first segment, the
     table's latency. Latency: the placement request is offered four cycles after the lookup
     result arrives, three after the header when there is no lookup (a cycle to take the header
-    and make its checks, one to decide, one to write the route, one to read it). Back-pressure
+    and make its checks, one to decide, one to write the route, one to read it). The FIFO's
+    output passes a register slice, a cycle the payload spends while its header is decided (it
+    was stored before the header came), so its first beat can go with the request. Back-pressure
     on any output holds the stages behind it; the FIFO then stalls ``i_payload``. A payload
     packet longer than ``fifo_beats`` would never fit: the deframer's ``max_ulpdu`` must keep
     segments below it.
@@ -241,8 +244,10 @@ class SegmentPlacer(wiring.Component):
             fifo.i.valid.eq(self.i_payload.valid),
             self.i_payload.ready.eq(fifo.i.ready),
         ]
+        m.submodules.beats = beats = SkidBuffer(BeatLayout(self.data_bytes))
+        wiring.connect(m, fifo.o, beats.i)      # a register slice before the route stage
         self._decide(m, routes)
-        self._route(m, fifo, routes)
+        self._route(m, beats.o, routes)
         return m
 
     def _decide(self, m, routes):
@@ -333,14 +338,18 @@ class SegmentPlacer(wiring.Component):
             with m.If(port.ready):
                 m.d.sync += port.valid.eq(0)
 
-        # A Terminate request: each violation names its code; the request is built once.
+        # A Terminate request: each violation names its code; the request is built once, its
+        # code in the cycle of the violation, the offending segment's octets in the next (the
+        # stage is then in ROUTE or TAKE, which leave ``hdr`` as it is), when it is offered.
         reporting, report_code, report_copy = Signal(), Signal(TerminateCode), Signal()
+        copying, copy = Signal(), Signal()
         with m.If(reporting):
-            m.d.sync += [fault.valid.eq(1), fault.payload.code.eq(report_code), self.dead.eq(1),
-                         fault.payload.offending.eq(
-                             Mux(report_copy, hdr.head[:8 * OFFENDING_BYTES], 0)),
-                         fault.payload.offending_length.eq(
-                             Mux(report_copy, hdr.ulpdu_length, 0))]
+            m.d.sync += [copying.eq(1), copy.eq(report_copy), fault.payload.code.eq(report_code),
+                         self.dead.eq(1)]
+        with m.If(copying):
+            m.d.sync += [copying.eq(0), fault.valid.eq(1),
+                         fault.payload.offending.eq(Mux(copy, hdr.head[:8 * OFFENDING_BYTES], 0)),
+                         fault.payload.offending_length.eq(Mux(copy, hdr.ulpdu_length, 0))]
 
         def report(code, copy=True):
             m.d.comb += [reporting.eq(1), report_code.eq(code), report_copy.eq(copy)]
@@ -396,10 +405,12 @@ class SegmentPlacer(wiring.Component):
         stage = Machine(m, ["TAKE", "DECIDE", "WRITE", "ROUTE", "RESPONSE", "ATOMIC", "BUFFER",
                             "INVALIDATE", "ACCEPT"], "decide")
         with stage.state("TAKE"):
+            # The header and its checks are loaded in every cycle of TAKE (nothing reads them
+            # here), so ``valid`` only moves the state and does not enable the wide registers.
             m.d.comb += self.i_header.ready.eq(1)
+            m.d.sync += hdr.eq(self.i_header.payload)
+            m.d.sync += [ok[name].eq(check) for name, check in checks.items()]
             with m.If(self.i_header.valid):
-                m.d.sync += hdr.eq(self.i_header.payload)
-                m.d.sync += [ok[name].eq(check) for name, check in checks.items()]
                 stage.goto("DECIDE")
         with stage.state("DECIDE"):
             # Outputs of the last segment must have gone before a new one is offered.
@@ -571,16 +582,17 @@ class SegmentPlacer(wiring.Component):
             report(TerminateCode.DDP_UNTAGGED_INVALID_MSN_NO_BUFFER)
             push()
 
-    def _route(self, m, fifo, routes):
-        """Stage 2: each payload packet to host memory, to the next stage, or away; then the
-        receive's completion or the Read's end."""
+    def _route(self, m, beats, routes):
+        """Stage 2: each payload packet (``beats``, the FIFO's output through a register
+        slice) to host memory, to the next stage, or away; then the receive's completion or the
+        Read's end."""
         route = _Route(routes.r_data)
         place, data, other = self.o_place, self.o_data, self.o_payload
         asked = Signal()            # the placement request of this packet has been taken
         sent = Signal()             # the packet has gone; its completion is next
         with m.If(place.ready):
             m.d.sync += place.valid.eq(0)
-        m.d.comb += [data.payload.eq(fifo.o.payload), other.payload.eq(fifo.o.payload),
+        m.d.comb += [data.payload.eq(beats.payload), other.payload.eq(beats.payload),
                      self.o_complete.payload.eq(route.completion),
                      self.o_read_done.payload.id.eq(route.completion.id),
                      self.o_read_done.payload.status.eq(route.completion.status)]
@@ -602,13 +614,13 @@ class SegmentPlacer(wiring.Component):
         with m.If(routes.r_rdy & route.packet & ~sent):
             with m.If(route.place):
                 request()
-                m.d.comb += [data.valid.eq(fifo.o.valid & asked),
-                             fifo.o.ready.eq(data.ready & asked)]
+                m.d.comb += [data.valid.eq(beats.valid & asked),
+                             beats.ready.eq(data.ready & asked)]
             with m.Elif(route.forward):
-                m.d.comb += [other.valid.eq(fifo.o.valid), fifo.o.ready.eq(other.ready)]
+                m.d.comb += [other.valid.eq(beats.valid), beats.ready.eq(other.ready)]
             with m.Else():
-                m.d.comb += fifo.o.ready.eq(1)
-            with m.If(fifo.o.valid & fifo.o.ready & fifo.o.payload.last):
+                m.d.comb += beats.ready.eq(1)
+            with m.If(beats.valid & beats.ready & beats.payload.last):
                 gone()
         with m.Elif(routes.r_rdy & route.inline & ~sent):
             request()

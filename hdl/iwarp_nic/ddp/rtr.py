@@ -27,8 +27,9 @@ class RtrCheck(wiring.Component):
     Ports
     -----
     i, o : In/Out(stream.Signature(SegmentHeader))
-        The parser's headers, passed on combinationally (payloads do not pass here); ``i`` is
-        ready exactly when ``o`` is.
+        The parser's headers, passed on combinationally (payloads do not pass here), but for
+        the first one with an RTR awaited, which waits a cycle for its registered verdict;
+        ``i`` is ready exactly when ``o`` is, but in that cycle.
     expect : In(Rtr)
         The RTR the MPA exchange settled (``NONE``: no check). Held from before the first
         header.
@@ -59,13 +60,16 @@ class RtrCheck(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         hdr = self.i.payload
+        expect = self.expect.as_value()
         first = Signal(init=1)
-        checking = first & ~is_zero(self.expect.as_value()) & ~hdr.fpdu_bad
+        # The first header's verdict, registered: it waits a cycle for it, so that no path
+        # runs from the header's fields to ``o.valid``.
+        judged, checking, good = Signal(), Signal(), Signal()
+        held = first & ~judged & ~is_zero(expect)
         at = DDP_UNTAGGED.length
         size = READ_REQUEST.unpack(hdr.head[8 * at:8 * (at + READ_REQUEST.length)]).size
         empty = is_zero(hdr.length)
         msn_1 = eq(hdr.msn, 1)
-        expect = self.expect.as_value()
         matches = Signal()
         with m.If(eq(expect, Rtr.WRITE.value)):
             m.d.comb += matches.eq(hdr.tagged & eq(hdr.opcode, _WRITE) & empty)
@@ -74,18 +78,20 @@ class RtrCheck(wiring.Component):
         with m.Else():
             m.d.comb += matches.eq(~hdr.tagged & eq(hdr.opcode, _READ_REQUEST) &
                                    eq(hdr.length, READ_REQUEST.length) & is_zero(size) & msn_1)
-        good = hdr.ok & matches
-        swallow = checking & good & eq(self.expect.as_value(), Rtr.SEND.value)
+        with m.If(held & self.i.valid):
+            m.d.sync += [judged.eq(1), checking.eq(~hdr.fpdu_bad), good.eq(hdr.ok & matches)]
+        verdict = first & checking
+        swallow = verdict & good & eq(expect, Rtr.SEND.value)
         # Ready does not depend on the header (the parser's pipeline hangs on it): a Send RTR
         # is taken when the consumer could take it.
-        m.d.comb += [self.o.payload.eq(hdr), self.o.valid.eq(self.i.valid & ~swallow),
-                     self.i.ready.eq(self.o.ready)]
-        with m.If(checking & ~good):
+        m.d.comb += [self.o.payload.eq(hdr), self.o.valid.eq(self.i.valid & ~held & ~swallow),
+                     self.i.ready.eq(self.o.ready & ~held)]
+        with m.If(verdict & ~good):
             m.d.comb += [self.o.payload.ok.eq(0),
                          self.o.payload.code.eq(TerminateCode.MPA_NO_MATCHING_RTR)]
         with m.If(self.i.valid & self.i.ready):
             m.d.sync += first.eq(0)
-            with m.If(first & ~hdr.fpdu_bad & (~checking | good)):
+            with m.If(first & ~hdr.fpdu_bad & (~verdict | good)):
                 m.d.sync += self.started.eq(1)
             m.d.comb += self.o_send_rtr.eq(swallow)
         return m
