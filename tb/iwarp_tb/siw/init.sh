@@ -93,13 +93,21 @@ wait_peer() {  # until the peer answers ARP and ping: it has booted and configur
   done
 }
 
+# run_tool COMMAND...: run it under the time limit; rc is its exit status, /tmp/err its standard
+# error, and /tmp/out its standard output followed by that standard error. (A tool's standard
+# output to a file is flushed only at exit, so the two in one file would not be in order anyway.)
+run_tool() {
+  timeout -s KILL "$tlimit" "$@" >/tmp/out 2>/tmp/err
+  rc=$?
+  cat /tmp/err >>/tmp/out
+}
+
 # run_client COMMAND...: retry while the result shows the server was not listening yet
 run_client() {
   attempt=0
   while :; do
     attempt=$((attempt + 1))
-    timeout -s KILL "$tlimit" "$@" >/tmp/out 2>&1
-    rc=$?
+    run_tool "$@"
     ok=$(ok_lines)
     [ "$ok" -gt 0 ] && break
     [ $attempt -ge "$tries" ] && break
@@ -132,8 +140,7 @@ case "$role" in
   rping-server|rping-client)
     ok_lines() { grep -c "ping data:" /tmp/out; }
     if [ "$role" = rping-server ]; then
-      timeout -s KILL "$tlimit" rping -s -v -a "$addr" -C "$count" $(opt -p "$port") $(opt -S "$size") >/tmp/out 2>&1
-      rc=$?
+      run_tool rping -s -v -a "$addr" -C "$count" $(opt -p "$port") $(opt -S "$size")
     else
       wait_peer
       run_client rping -c -v -a "$peer" -C "$count" $(opt -p "$port") $(opt -S "$size")
@@ -144,10 +151,11 @@ case "$role" in
     # event channel while the CM thread may be about to read it again, and the thread then exits
     # 255 with "rdma_get_cm_event: Bad file descriptor" after a run that succeeded (fixed upstream
     # by commit f3ae6534, "rping: terminate CM event thread before exiting"). Only that exact exit,
-    # after every ping, counts as a pass, and the result line says it happened.
+    # its message the last on standard error, after every ping, counts as a pass, and the result
+    # line says it happened.
     race=0
     if [ "$rc" = 255 ] && [ "$pings" = "$count" ] &&
-       [ "$(tail -n 1 /tmp/out)" = "rdma_get_cm_event: Bad file descriptor" ]; then
+       [ "$(tail -n 1 /tmp/err)" = "rdma_get_cm_event: Bad file descriptor" ]; then
       rc=0
       race=1
     fi
@@ -157,8 +165,7 @@ case "$role" in
   ucmatose-server|ucmatose-client)
     ok_lines() { grep -c "^return status 0" /tmp/out; }
     if [ "$role" = ucmatose-server ]; then
-      timeout -s KILL "$tlimit" ucmatose -b "$addr" -C "$count" $(opt -p "$port") $(opt -S "$size") >/tmp/out 2>&1
-      rc=$?
+      run_tool ucmatose -b "$addr" -C "$count" $(opt -p "$port") $(opt -S "$size")
     else
       wait_peer
       run_client ucmatose -s "$peer" -b "$addr" -C "$count" $(opt -p "$port") $(opt -S "$size")
@@ -171,8 +178,7 @@ case "$role" in
     ok_lines() { grep -cE '^ *[0-9]+ +[0-9]+ +[0-9.]+' /tmp/out; }
     set -- -R -F -n "$count" $(opt -p "$port") $(opt -s "$size")
     if [ "${role##*-}" = server ]; then
-      timeout -s KILL "$tlimit" "$tool" "$@" >/tmp/out 2>&1
-      rc=$?
+      run_tool "$tool" "$@"
     else
       wait_peer
       run_client "$tool" "$@" "$peer"
