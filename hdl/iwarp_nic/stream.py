@@ -20,6 +20,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .exact import mask, select
+from .tcp.layouts import conn_bits
 
 __all__ = ["DATA_BYTES", "check_data_bytes", "BeatLayout", "BeatStream", "keep_count", "SkidBuffer"]
 
@@ -34,18 +35,21 @@ def check_data_bytes(data_bytes, *, what="data_bytes"):
     return data_bytes
 
 
-def BeatLayout(data_bytes, *, err=False):
-    """The layout of one beat of a ``data_bytes``-wide byte stream."""
+def BeatLayout(data_bytes, *, err=False, conns=None):
+    """The layout of one beat of a ``data_bytes``-wide byte stream; with ``conns``, of one that
+    interleaves the packets of that many connections, each beat naming its own (``conn``)."""
     check_data_bytes(data_bytes)
     fields = {"data": 8 * data_bytes, "keep": data_bytes, "last": 1}
     if err:
         fields["err"] = 1
+    if conns is not None:
+        fields["conn"] = conn_bits(conns)
     return data.StructLayout(fields)
 
 
-def BeatStream(data_bytes, *, err=False):
+def BeatStream(data_bytes, *, err=False, conns=None):
     """``stream.Signature`` of a byte stream of :func:`BeatLayout` beats."""
-    return stream.Signature(BeatLayout(data_bytes, err=err))
+    return stream.Signature(BeatLayout(data_bytes, err=err, conns=conns))
 
 
 def keep_count(m, keep, data_bytes, name):

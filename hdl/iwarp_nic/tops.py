@@ -36,6 +36,7 @@ def tops():
         StartupReader,
         StartupWriter,
     )
+    from .mpa.gather import max_frame_ulpdu
     from .node import IpNode, TcpNode
     from .rdmap import (
         AtomicExecutor,
@@ -62,6 +63,9 @@ def tops():
         tops[f"iwarp_packet_fifo_w{n}"] = lambda n=n: PacketFifo(n, 64)
         tops[f"iwarp_mpa_framer_w{n}"] = lambda n=n: FpduFramer(n)
         tops[f"iwarp_mpa_deframer_w{n}"] = lambda n=n: FpduDeframer(n)
+        # Several connections' pieces, behind a gather of 16 connections and 4 KiB rings.
+        tops[f"iwarp_mpa_deframer_c16_w{n}"] = lambda n=n: FpduDeframer(
+            n, conns=16, max_ulpdu=max_frame_ulpdu(4096, 1460))
         tops[f"iwarp_mpa_startup_reader_w{n}"] = lambda n=n: StartupReader(n)
         tops[f"iwarp_mpa_startup_writer_w{n}"] = lambda n=n: StartupWriter(n)
         tops[f"iwarp_mpa_negotiator_w{n}"] = lambda n=n: MpaNegotiator(n)

@@ -93,10 +93,10 @@ class BeatDownsizer(wiring.Component):
 
     Ports
     -----
-    i : In(BeatStream(wide_bytes, err=err))
-    o : Out(BeatStream(narrow_bytes, err=err))
+    i : In(BeatStream(wide_bytes, err=err, conns=conns))
+    o : Out(BeatStream(narrow_bytes, err=err, conns=conns))
         Lanes ``k * narrow_bytes`` up of a wide beat make narrow beat ``k``; the wide beat's
-        ``last`` and ``err`` go on the narrow beat holding its last byte.
+        ``last`` and ``err`` go on the narrow beat holding its last byte, its ``conn`` on each.
 
     Throughput: one narrow beat per cycle, sustained: the next wide beat is taken in the cycle
     the current one's last narrow beat is. Latency: the first narrow beat is offered (from the
@@ -104,16 +104,17 @@ class BeatDownsizer(wiring.Component):
     the wide beat, then ``i``.
     """
 
-    def __init__(self, wide_bytes, narrow_bytes, *, err=False):
+    def __init__(self, wide_bytes, narrow_bytes, *, err=False, conns=None):
         self.ratio = _check_ratio(narrow_bytes, wide_bytes)
         self.narrow_bytes, self.wide_bytes = narrow_bytes, wide_bytes
-        super().__init__({"i": In(BeatStream(wide_bytes, err=err)),
-                          "o": Out(BeatStream(narrow_bytes, err=err))})
+        self.err, self.conns = err, conns
+        super().__init__({"i": In(BeatStream(wide_bytes, err=err, conns=conns)),
+                          "o": Out(BeatStream(narrow_bytes, err=err, conns=conns))})
 
     def elaborate(self, platform):
         m = Module()
         n, ratio = self.narrow_bytes, self.ratio
-        held = Signal(BeatLayout(self.wide_bytes, err=hasattr(self.i.payload, "err")))
+        held = Signal(BeatLayout(self.wide_bytes, err=self.err, conns=self.conns))
         held_valid = Signal()
         slot = Signal(range(ratio))             # the narrow beat on offer
         out = self.o.payload
@@ -130,8 +131,10 @@ class BeatDownsizer(wiring.Component):
             out.last.eq(held.last & final),
             self.i.ready.eq(~held_valid | (self.o.ready & final)),
         ]
-        if hasattr(out, "err"):
+        if self.err:
             m.d.comb += out.err.eq(held.err & final)
+        if self.conns is not None:
+            m.d.comb += out.conn.eq(held.conn)
         with m.If(self.o.valid & self.o.ready):
             m.d.sync += slot.eq(Mux(final, 0, add(slot, 1)))
             with m.If(final):

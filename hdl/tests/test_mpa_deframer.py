@@ -33,11 +33,13 @@ from iwarp_model.wire.rdmap import (
     Segment,
 )
 from iwarp_model.wire.terminate import ErrorCode, Terminate
-from iwarp_nic.mpa import ErrorKind, FpduDeframer, FpduFramer
+from iwarp_nic.mpa import ErrorKind, FpduDeframer, FpduFramer, ReleaseKind
+from iwarp_nic.mpa.gather import max_frame_ulpdu
 from iwarp_tb import toolchain
 from iwarp_tb.amsim import run
+from iwarp_tb.beats import Beat, from_beats
 from iwarp_tb.lint import lint
-from iwarp_tb.streams import AmaranthBus, StreamPort, recv_packets, send, send_packets
+from iwarp_tb.streams import AmaranthBus, StreamPort, recv, recv_packets, send, send_packets
 from iwarp_tb.tshark import check_fpdus
 
 IDLE = STALL = 0.3
@@ -97,29 +99,41 @@ def simulate(n, stream, *, crc, markers, max_ulpdu, expect_packets, expect_event
         got["packets"] = await recv_packets(bus, port, expect_packets, n,
                                             rng=random.Random(seed + 2), stall=stall,
                                             timeout=5000)
-        # Whatever comes after, until the input is all taken and a while more: no complete
-        # packet may (a stream cut mid-FPDU leaves beats).
-        ctx.set(dut.o.ready, 1)
-        quiet = 0
-        while quiet < 400:
-            quiet = quiet + 1 if "source" in done else 0
-            valid, last, err = (await ctx.tick().sample(dut.o.valid, dut.o.payload.last,
-                                                        dut.o.payload.err))[2:]
-            if valid and last:
-                got["extra"].append(err)
-        done.append("sink")
+        # A stream cut mid-FPDU leaves beats, but no complete packet may come.
+        got["extra"] = await trailing_packets(ctx, dut, done)
 
+    run(dut, source, sink, error_monitor(dut, got, done, seed + 3, stall, ErrorKind),
+        name=f"mpa_deframer_w{n}")
+    return got["packets"], got["events"], got["extra"]
+
+
+async def trailing_packets(ctx, dut, done):
+    """After the expected packets, take whatever ``dut.o`` offers until the input is all
+    taken and 400 cycles more; return the ``err`` of every packet end seen."""
+    ctx.set(dut.o.ready, 1)
+    ends, quiet = [], 0
+    while quiet < 400:
+        quiet = quiet + 1 if "source" in done else 0
+        valid, last, err = (await ctx.tick().sample(dut.o.valid, dut.o.payload.last,
+                                                    dut.o.payload.err))[2:]
+        if valid and last:
+            ends.append(err)
+    done.append("sink")
+    return ends
+
+
+def error_monitor(dut, got, done, seed, stall, decode):
+    """A testbench taking ``dut.o_error``'s events, with random stalls, into ``got["events"]``
+    (each through ``decode``) until the sink is done."""
     async def events(ctx):
-        stalls = random.Random(seed + 3)
+        stalls = random.Random(seed)
         while "sink" not in done:
             ready = stalls.random() >= stall
             ctx.set(dut.o_error.ready, ready)
-            valid, kind = (await ctx.tick().sample(dut.o_error.valid, dut.o_error.payload))[2:]
+            valid, event = (await ctx.tick().sample(dut.o_error.valid, dut.o_error.payload))[2:]
             if valid and ready:
-                got["events"].append(ErrorKind(kind))
-
-    run(dut, source, sink, events, name=f"mpa_deframer_w{n}")
-    return got["packets"], got["events"], got["extra"]
+                got["events"].append(decode(event))
+    return events
 
 
 def check(n, stream, *, crc, markers, max_ulpdu=0xFFFF, seed=0, **kw):
@@ -326,3 +340,137 @@ def test_lint(n, tmp_path):
     path = tmp_path / "mpa_deframer.v"
     path.write_text(verilog.convert(FpduDeframer(n), name="mpa_deframer"))
     assert lint(path) == ""
+
+
+# Several connections: the gather's pieces, interleaved.
+
+PIECE_CONNS = 3
+PIECE_MAX_ULPDU = max_frame_ulpdu(4096, 1460)
+
+
+def incarnation(rng, conn, first_piece, fault):
+    """One connection's stream of FPDUs (random settings, ``fault`` put in one FPDU), cut into
+    pieces as the gather releases them; returns the pieces and, per piece, what the deframer
+    must give: ``(conn, packet, err)`` per FPDU and the error event, as the model makes them."""
+    crc = fault == "crc" or (fault != "marker" and rng.random() < 0.6)
+    markers = fault == "marker" or rng.random() < 0.6
+    lengths = [rng.choice([rng.randint(0, 40), rng.randint(0, PIECE_MAX_ULPDU)])
+               for _ in range(rng.randint(1, 12))]
+    stream, spans = frame_stream(rng, lengths, crc=crc, markers=markers)
+    bad = rng.randrange(len(spans))
+    start, end = spans[bad]
+    if fault == "crc":
+        stream[end - 1 - rng.randrange(4)] ^= 1 << rng.randrange(8)
+    elif fault == "marker":
+        at = rng.choice(range(0, len(stream), MARKER_INTERVAL))
+        stream[at + 3] ^= 4 << rng.randrange(6)     # FPDUPTR's low octet, not its low two bits
+        bad = max(k for k, (lo, _) in enumerate(spans) if lo <= at)
+    elif fault == "length":
+        field = start + (4 if markers and start % MARKER_INTERVAL == 0 else 0)
+        stream[field:field + 2] = rng.randint(PIECE_MAX_ULPDU + 1, 0xFFFF).to_bytes(2, "big")
+    ulpdus, kind = oracle(stream, crc=crc, markers=markers, max_ulpdu=PIECE_MAX_ULPDU)
+    assert kind == KIND.get({"crc": CrcError, "marker": MarkerError,
+                             "length": OversizeError}.get(fault)), (fault, kind)
+    if kind is None:
+        bad = len(spans)
+    assert len(ulpdus) == bad
+    # Pieces of whole FPDUs; after an over-long length, of the octets as they come.
+    bounds = [0]
+    while bounds[-1] < len(stream):
+        k = next(k for k, (lo, _) in enumerate(spans) if lo == bounds[-1])
+        if kind is ErrorKind.LENGTH and k >= bad:
+            bounds.append(min(len(stream), bounds[-1] + rng.randint(1, 1500)))
+            spans.append((bounds[-1], None))
+        else:
+            bounds.append(spans[min(len(spans), k + rng.randint(1, 3)) - 1][1])
+    pieces = []
+    for lo, hi in zip(bounds, bounds[1:]):
+        header = {"conn": conn, "length": hi - lo, "kind": ReleaseKind.FPDUS.value,
+                  "position": lo % MARKER_INTERVAL, "markers": int(markers), "crc": int(crc),
+                  "first": int(first_piece and lo == 0)}
+        expect, events = [], []
+        for k, (s, e) in enumerate(spans[:len(ulpdus) + 1]):
+            if e is None or not lo <= s < hi:
+                continue
+            if k < len(ulpdus):
+                expect.append((conn, len(ulpdus[k]).to_bytes(2, "big") + ulpdus[k], False))
+            elif kind is not None:
+                if kind is not ErrorKind.LENGTH:
+                    expect.append((conn, None, True))
+                events.append((conn, kind))
+        pieces.append((header, bytes(stream[lo:hi]), expect, events))
+    return pieces
+
+
+def simulate_pieces(n, pieces, *, seed, idle=IDLE, stall=STALL):
+    """Feed the pieces in order; return the packets as ``(conn, octets, err)``, the error
+    events as ``(conn, kind)``, and the packets that came after the expected ones."""
+    dut = FpduDeframer(n, conns=PIECE_CONNS, max_ulpdu=PIECE_MAX_ULPDU)
+    expected = sum(len(p[2]) for p in pieces)
+    got = {"events": []}
+    done = []
+
+    async def headers(ctx):
+        await send(AmaranthBus(ctx), StreamPort.amaranth(dut.i_piece), [p[0] for p in pieces],
+                   rng=random.Random(seed), idle=idle, timeout=20000)
+
+    async def source(ctx):
+        await send_packets(AmaranthBus(ctx), StreamPort.amaranth(dut.i), [p[1] for p in pieces],
+                           n, rng=random.Random(seed + 1), idle=idle, timeout=20000)
+        done.append("source")
+
+    async def sink(ctx):
+        bus, port = AmaranthBus(ctx), StreamPort.amaranth(dut.o)
+        beats = await recv(bus, port, expected, packets=True, rng=random.Random(seed + 2),
+                           stall=stall, timeout=20000)
+        packets = from_beats((Beat(t["data"], t["keep"], t["last"], t["err"]) for t in beats), n)
+        conns, current = [], set()
+        for t in beats:
+            current.add(t["conn"])
+            if t["last"]:
+                assert len(current) == 1, "a packet's beats name different connections"
+                conns.append(current.pop())
+        got["packets"] = [(c, bytes(p), p.err) for c, p in zip(conns, packets)]
+        got["extra"] = await trailing_packets(ctx, dut, done)
+
+    run(dut, headers, source, sink,
+        error_monitor(dut, got, done, seed + 3, stall,
+                      lambda event: (event.conn, ErrorKind(event.kind))),
+        name=f"mpa_deframer_pieces_w{n}")
+    return got["packets"], got["events"], got["extra"]
+
+
+def interleave(rng, per_conn):
+    """The pieces of every connection merged at random, each connection's in its order."""
+    queues = [list(q) for q in per_conn if q]
+    out = []
+    while queues:
+        q = rng.choice(queues)
+        out.append(q.pop(0))
+        if not q:
+            queues.remove(q)
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 8, 64])
+def test_pieces(n):
+    """Three connections' pieces interleaved, each connection a slot used twice (its second
+    stream starting with ``first``); CRC, marker and length faults in some streams: every
+    connection gets the model's ULPDUs and error of its own stream, in the pieces' order, and
+    a failed connection stops only itself until its next stream."""
+    for trial in range(4):
+        rng = random.Random(40 + 100 * n + trial)
+        faults = [None, None, "crc", "marker", "length", None]
+        rng.shuffle(faults)
+        per_conn = [incarnation(rng, c, True, faults[2 * c])
+                    + incarnation(rng, c, True, faults[2 * c + 1]) for c in range(PIECE_CONNS)]
+        pieces = interleave(rng, per_conn)
+        packets, events, extra = simulate_pieces(n, pieces, seed=n + trial)
+        expect = [e for p in pieces for e in p[2]]
+        assert len(packets) == len(expect)
+        for k, ((conn, octets, err), (c, want, bad)) in enumerate(zip(packets, expect)):
+            assert (conn, err) == (c, bad), f"packet {k}"
+            if want is not None:
+                assert octets == want, f"packet {k} of connection {c}"
+        assert events == [e for p in pieces for e in p[3]]
+        assert extra == [], "a packet after the expected ones"

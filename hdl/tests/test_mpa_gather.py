@@ -5,10 +5,12 @@ Each connection's stream is built by the model: an MPA Request or Reply
 (:class:`iwarp_model.wire.mpa.MpaFrame`), then FPDUs from :class:`iwarp_model.wire.fpdu.Framer`
 with markers or not, ULPDUs of random lengths. The streams are cut into TCP-like chunks and the
 chunks of all connections interleaved at random, with random idle and stall cycles on every
-stream; a host answers each STARTUP release with the FPDUS command before that connection's
-FPDU chunks may go. The oracle replays the same chunks against the frame boundaries the model
-produced: after each chunk, a connection's octets up to its last complete frame are released,
-so the whole sequence of releases (connection, kind, marker position, octets) must match.
+stream; a host answers each STARTUP release with the FPDUS command (the connection's markers
+and CRC setting) before that connection's FPDU chunks may go. The oracle replays the same chunks
+against the frame boundaries the model produced: after each chunk, a connection's octets up to
+its last complete frame are released, so the whole sequence of releases (connection, kind,
+marker position, octets, and the settings an FPDUS piece carries: markers, CRC, and whether it
+is the connection's first FPDUS piece) must match.
 """
 
 import random
@@ -36,12 +38,14 @@ class Stream:
     conn: int
     startup: bytes
     markers: bool
+    crc: bool = False
     octets: bytearray = field(default_factory=bytearray)
     ends: list = field(default_factory=list)      # offsets where frames end, ascending
     delivered: int = 0
     released: int = 0
     passing: int | None = None      # offset from which framing is lost (an over-long length)
     early: bool = False             # the startup frame is out and FPDU mode not set yet
+    fpdus_out: bool = False         # an FPDUS piece has been released
 
     def kind_at(self, offset):
         if offset < len(self.startup):
@@ -58,8 +62,13 @@ class Stream:
         if end == self.released:
             return None
         start, self.released = self.released, end
+        if kind == ReleaseKind.FPDUS:
+            settings = (int(self.markers), int(self.crc), int(not self.fpdus_out))
+            self.fpdus_out = True
+        else:
+            settings = (0, 0, 0)
         return (self.conn, kind, (start - len(self.startup)) % 512,
-                bytes(self.octets[start:end]))
+                bytes(self.octets[start:end])) + settings
 
 
 def build(rng, conn, n_fpdus, *, oversize_at=None, largest=2599, big=False):
@@ -73,7 +82,8 @@ def build(rng, conn, n_fpdus, *, oversize_at=None, largest=2599, big=False):
     s = Stream(conn, frame, markers=rng.random() < 0.5)
     s.octets += frame
     s.ends.append(len(frame))
-    framer = Framer(crc=rng.random() < 0.5, markers=s.markers)
+    s.crc = rng.random() < 0.5      # the CRC setting the host gives with FPDUS
+    framer = Framer(crc=s.crc, markers=s.markers)
     for k in range(n_fpdus):
         size = rng.choice([0, 1, 2, 3, 14, 28, rng.randint(0, 600),
                            rng.randint(500, largest)])
@@ -151,7 +161,8 @@ def gather_run(n, streams, rng, *, early=()):
     async def host(ctx):
         bus = AmaranthBus(ctx)
         await send(bus, StreamPort.amaranth(dut.i_cmd),
-                   [{"op": GatherOp.START.value, "conn": s.conn, "markers": 0} for s in streams],
+                   [{"op": GatherOp.START.value, "conn": s.conn, "markers": 0, "crc": 0}
+                    for s in streams],
                    rng=rng, idle=IDLE)
         state["started"] = True
         done = set()
@@ -164,7 +175,8 @@ def gather_run(n, streams, rng, *, early=()):
                         continue
                     await send(bus, StreamPort.amaranth(dut.i_cmd),
                                [{"op": GatherOp.FPDUS.value, "conn": s.conn,
-                                 "markers": int(s.markers)}], rng=rng, idle=IDLE)
+                                 "markers": int(s.markers), "crc": int(s.crc)}],
+                               rng=rng, idle=IDLE)
                     allowed[s.conn] = True
             await ctx.tick()
 
@@ -176,11 +188,16 @@ def gather_run(n, streams, rng, *, early=()):
             [octets] = await recv_packets(bus, StreamPort.amaranth(dut.o), 1, n, rng=rng,
                                           stall=STALL)
             assert header["length"] == len(octets)
-            got.append((header["conn"], ReleaseKind(header["kind"]), header["position"],
-                        bytes(octets)))
+            got.append(released(header, octets))
 
     run(dut, sender, host, receiver, name=f"mpa_gather_w{n}")
     return expected, got
+
+
+def released(header, octets):
+    """A release as the oracle writes it: (conn, kind, position, octets, markers, crc, first)."""
+    return (header["conn"], ReleaseKind(header["kind"]), header["position"], bytes(octets),
+            header["markers"], header["crc"], header["first"])
 
 
 def check(expected, got):
@@ -191,6 +208,8 @@ def check(expected, got):
                              f"{len(g[3])} != {len(e[3])}"
         if e[1] != ReleaseKind.STARTUP:
             assert g[2] == e[2], f"release {k}: position {g[2]} != {e[2]}"
+        assert g[4:] == e[4:], f"release {k} (conn {e[0]}, {e[1]}): markers, crc, first " \
+                               f"{g[4:]} != {e[4:]}"
 
 
 @pytest.mark.parametrize("n", WIDTHS)
@@ -199,7 +218,9 @@ def test_random_streams(n):
     rng = random.Random(500 + n)
     fpdus = 6 if n == 1 else 40
     streams = [build(rng, c, fpdus) for c in range(CONNS)]
-    check(*gather_run(n, streams, rng))
+    expected, got = gather_run(n, streams, rng)
+    check(expected, got)
+    assert sorted(g[0] for g in got if g[6]) == list(range(CONNS))    # one first piece each
 
 
 @pytest.mark.parametrize("n", WIDTHS)
@@ -213,14 +234,16 @@ def test_framing_lost(n):
     check(expected, got)
     kinds = {(g[0], g[1]) for g in got}
     assert (1, ReleaseKind.EARLY) in kinds
+    assert sorted(g[0] for g in got if g[6]) == [0, 2]     # no FPDUS command, no first piece
 
 
 @pytest.mark.parametrize("n", WIDTHS)
 def test_slot_reuse(n):
     """One slot, a small ring (1 KiB, chunks up to 300 octets) and a slow reader: connection
     after connection is started on it, each cut off inside its largest frame. Every connection's
-    releases match the oracle's, and the octets its predecessor left unreleased do not take its
-    room (with them, its 532-octet startup frame would not fit)."""
+    releases match the oracle's (its first FPDUS piece marked first again, with its own markers
+    and CRC setting), and the octets its predecessor left unreleased do not take its room (with
+    them, its 532-octet startup frame would not fit)."""
     rng = random.Random(700 + n)
     ring, chunk = 1024, 300
     dut = FrameGather(n, conns=2, ring_bytes=ring, max_chunk=chunk)
@@ -232,7 +255,8 @@ def test_slot_reuse(n):
         bus = AmaranthBus(ctx)
         cmd, header = StreamPort.amaranth(dut.i_cmd), StreamPort.amaranth(dut.i_header)
         for s in rounds:
-            await send(bus, cmd, [{"op": GatherOp.START.value, "conn": 1, "markers": 0}])
+            await send(bus, cmd, [{"op": GatherOp.START.value, "conn": 1, "markers": 0,
+                                   "crc": 0}])
             startup, fpdus = chunks_of(rng, s, n, chunk)
             # Cut off inside the last frame.
             while fpdus and fpdus[-1][1] > s.ends[-2]:
@@ -244,7 +268,7 @@ def test_slot_reuse(n):
                     while len(got) < len(expected):
                         await ctx.tick()
                     await send(bus, cmd, [{"op": GatherOp.FPDUS.value, "conn": 1,
-                                           "markers": int(s.markers)}])
+                                           "markers": int(s.markers), "crc": int(s.crc)}])
                 s.delivered = hi
                 piece = s.piece()
                 if piece:
@@ -262,11 +286,11 @@ def test_slot_reuse(n):
                                   stall=0.8, timeout=10**9)
             [octets] = await recv_packets(bus, StreamPort.amaranth(dut.o), 1, n, rng=rng,
                                           stall=0.8)
-            got.append((header["conn"], ReleaseKind(header["kind"]), header["position"],
-                        bytes(octets)))
+            got.append(released(header, octets))
 
     run(dut, bench, monitors=[receiver], name=f"mpa_gather_reuse_w{n}")
     check(expected, got)
+    assert sum(g[6] for g in got) == len(rounds)    # each START then FPDUS: a first piece again
     assert sum(len(s.octets) for s in rounds) > 4 * ring
 
 

@@ -29,6 +29,12 @@ gathered into 4-byte beats first and spread out again after):
 
 Every FPDU and every marker is a multiple of 4 octets long and starts at a stream offset that is a
 multiple of 4, so from stage 2 on a marker is one whole word of a beat.
+
+Several connections (``conns``): the same stages take the pieces that
+:class:`~iwarp_nic.mpa.gather.FrameGather` releases, each a run of one connection's whole FPDUs
+with its marker position and settings. Each FPDU's beats carry a tag (connection, CRC in use,
+first of the connection) through the stages, the splitter and the verdict keep one failed bit
+per connection, and so each connection is deframed, and fails, as its own stream.
 """
 
 
@@ -56,10 +62,12 @@ from ..exact import (
     wrap_sub,
 )
 from ..stream import BeatStream, check_data_bytes, keep_count
+from ..tcp.layouts import conn_bits
 from ..width import BeatDownsizer, BeatUpsizer
+from .gather import Release
 
-__all__ = ["ErrorKind", "FpduBeat", "LogicalBeat", "FpduSplitter", "CrcChecker",
-           "MarkerRemover", "StreamVerdict", "FpduDeframer"]
+__all__ = ["ErrorKind", "ConnError", "PieceTag", "FpduBeat", "LogicalBeat", "FpduSplitter",
+           "CrcChecker", "MarkerRemover", "StreamVerdict", "FpduDeframer"]
 
 #: Octets of the ULPDU_Length field, of a marker, of the CRC field.
 _LENGTH, _MARKER, _CRC = 2, 4, 4
@@ -74,17 +82,37 @@ class ErrorKind(enum.Enum, shape=2):
     LENGTH = 2   # OversizeError: ULPDU_Length above max_ulpdu
 
 
-def FpduBeat(data_bytes):
+def ConnError(conns):
+    """An error event of the several-connection deframer: why, and whose stream failed."""
+    return StructLayout({"kind": ErrorKind, "conn": conn_bits(conns)})
+
+
+def PieceTag(conns):
+    """What every beat of an FPDU carries through the several-connection stages: its
+    connection, ``first`` (the FPDU is the first of the connection's first piece: whatever the
+    slot's earlier connection did is forgotten) and ``crc`` (CRCs are in use on it)."""
+    return StructLayout({"conn": conn_bits(conns), "first": 1, "crc": 1})
+
+
+def _tagged(fields, conns):
+    """A beat layout of ``fields``, plus the ``tag`` of :func:`PieceTag` with ``conns``."""
+    if conns is not None:
+        fields["tag"] = PieceTag(conns)
+    return StructLayout(fields)
+
+
+def FpduBeat(data_bytes, conns=None):
     """A beat of an FPDU without its CRC field, lane 0 first.
 
     ``length`` (the FPDU's ULPDU_Length) is on every beat, ``crc_field`` (the received CRC
     field as a little-endian word) and ``crc_bad`` (set by :class:`CrcChecker`) on the last.
     ``marker``: word ``marker_lane`` of the beat is a marker, whose FPDUPTR must be
     ``fpduptr`` (its two low bits aside). An FPDU whose ULPDU_Length is too long is a one-beat
-    packet with ``oversize`` and no other meaning."""
-    return StructLayout({"data": 8 * data_bytes, "keep": data_bytes, "last": 1,
-                         "length": 16, "crc_field": 32, "crc_bad": 1, "oversize": 1,
-                         "marker": 1, "marker_lane": _lane_bits(data_bytes), "fpduptr": 16})
+    packet with ``oversize`` and no other meaning. With ``conns``, every beat has the FPDU's
+    ``tag`` (:func:`PieceTag`)."""
+    return _tagged({"data": 8 * data_bytes, "keep": data_bytes, "last": 1,
+                    "length": 16, "crc_field": 32, "crc_bad": 1, "oversize": 1,
+                    "marker": 1, "marker_lane": _lane_bits(data_bytes), "fpduptr": 16}, conns)
 
 
 def _lane_bits(data_bytes):
@@ -92,11 +120,25 @@ def _lane_bits(data_bytes):
     return max(1, (data_bytes // 4 - 1).bit_length())
 
 
-def LogicalBeat(data_bytes):
+def LogicalBeat(data_bytes, conns=None):
     """A beat of an FPDU's ULPDU_Length field and ULPDU; the verdict on the last beat. A last
-    beat with ``keep`` 0 carries only a verdict (``oversize``)."""
-    return StructLayout({"data": 8 * data_bytes, "keep": data_bytes, "last": 1, "crc_bad": 1,
-                         "marker_bad": 1, "oversize": 1})
+    beat with ``keep`` 0 carries only a verdict (``oversize``). With ``conns``, every beat has
+    the FPDU's ``tag``."""
+    return _tagged({"data": 8 * data_bytes, "keep": data_bytes, "last": 1, "crc_bad": 1,
+                    "marker_bad": 1, "oversize": 1}, conns)
+
+
+def _check_conns(conns):
+    if conns is not None:
+        conn_bits(conns)
+    return conns
+
+
+def _check_max_ulpdu(max_ulpdu):
+    if not isinstance(max_ulpdu, int) or not 0 <= max_ulpdu <= 0xFFFE:
+        raise ValueError(f"with conns, max_ulpdu must be the gather's, 0 to 65534, not "
+                         f"{max_ulpdu!r}")
+    return max_ulpdu
 
 
 def _check_core(data_bytes):
@@ -132,6 +174,24 @@ class FpduSplitter(wiring.Component):
         with one inside the FPDU flags its word and the FPDUPTR it must hold, the distance from
         the ULPDU_Length field (0 for a leading marker).
 
+    With ``conns`` (several connections' pieces, as :class:`~iwarp_nic.mpa.gather.FrameGather`
+    releases them), ``markers`` comes with each piece and ``max_ulpdu`` is a parameter, the
+    gather's (so the two agree on where framing is lost):
+
+    i_piece : In(stream Release(conns))
+        One header per piece on ``i``, which then carries the piece as one packet. The piece
+        begins and ends on FPDU boundaries (until its connection's framing is lost to an
+        over-long ULPDU_Length, which the gather finds at the same ``max_ulpdu``); ``position``
+        is its first octet's distance past a marker position, ``markers`` and ``crc`` the
+        connection's settings, ``first`` set on the connection's first piece. ``length`` and
+        ``kind`` are not looked at: only FPDUS pieces belong here.
+
+    Every output beat then has the FPDU's ``tag`` (:func:`PieceTag`). An over-long ULPDU_Length
+    marks its connection dead: the rest of its piece and all its later pieces are thrown away,
+    until a piece with ``first``. Pieces are not joined in the buffer: a piece's header is
+    taken once the previous piece's octets have all been sent, which costs about two cycles
+    per piece.
+
     The octets wait in a buffer of ``3 * data_bytes + 8`` bytes: each cycle takes one input beat
     while the buffer has room for it and, once an FPDU's length is known, sends one beat of it
     (a whole beat, or the rest of the FPDU once it and its CRC field are in the buffer).
@@ -145,15 +205,17 @@ class FpduSplitter(wiring.Component):
     Back-pressure on ``o`` fills the buffer, then stalls ``i``.
     """
 
-    def __init__(self, data_bytes):
+    def __init__(self, data_bytes, *, conns=None, max_ulpdu=None):
         self.data_bytes = _check_core(data_bytes)
+        self.conns = _check_conns(conns)
         self.buffer_bytes = 3 * data_bytes + 8
-        super().__init__({
-            "i": In(BeatStream(data_bytes)),
-            "markers": In(1),
-            "max_ulpdu": In(16),
-            "o": Out(stream.Signature(FpduBeat(data_bytes))),
-        })
+        ports = {"i": In(BeatStream(data_bytes))}
+        if conns is None:
+            ports.update(markers=In(1), max_ulpdu=In(16))
+        else:
+            ports["i_piece"] = In(stream.Signature(Release(conns)))
+            self.max_ulpdu = _check_max_ulpdu(max_ulpdu)     # the gather's: a constant
+        super().__init__({**ports, "o": Out(stream.Signature(FpduBeat(data_bytes, conns)))})
 
     def elaborate(self, platform):
         m = Module()
@@ -162,6 +224,16 @@ class FpduSplitter(wiring.Component):
         buf = Signal(8 * size)      # buffered octets from lane 0; zero past `have`
         have = Signal(range(size + 1))
         state = Machine(m, ["HEAD", "PLAN", "BODY", "DEAD"], "state")
+        pieces = self.conns is not None
+        if pieces:
+            # The piece being cut: its FPDUs' tag, its marker setting, and whether more of its
+            # beats are to come; the connections whose framing is lost.
+            tag = Signal(PieceTag(self.conns))
+            markers = Signal()
+            open_piece = Signal()
+            dead_conns = Signal(self.conns)
+        else:
+            markers = self.markers
         have_w = len(have)
         # The FPDU being cut: its ULPDU_Length, whether it starts with a marker, its octets
         # sent, its octets before the CRC field still to send not counting markers, and the
@@ -194,22 +266,23 @@ class FpduSplitter(wiring.Component):
             field = wire(m, Mux(leading, Cat(window[40:48], window[32:40]),
                                 Cat(window[8:16], window[:8])), f"{name}_field")
             present = wire(m, Mux(leading, ~lt(avail, 6), ~lt(avail, 2)), f"{name}_present")
-            return field, present, wire(m, field > self.max_ulpdu, f"{name}_oversize")
+            over = gt(field, self.max_ulpdu) if pieces else field > self.max_ulpdu
+            return field, present, wire(m, over, f"{name}_oversize")
 
         # The first beat of an FPDU whose header is at the buffer's head (HEAD).
-        head_leading = wire(m, self.markers & is_zero(to_marker), "head_leading")
+        head_leading = wire(m, markers & is_zero(to_marker), "head_leading")
         field, has_field, oversize = header("head", buf, have, head_leading)
         # A marker in a head beat counts when it comes before the end of the pad or right
         # after it (a leading marker always). The first beat is the last when `logical(field)`
         # octets, with such a marker, fit: field <= n - 2 (n - 6 with the marker).
-        marker_here = wire(m, self.markers & lt(to_marker, n), "marker_here")
+        marker_here = wire(m, markers & lt(to_marker, n), "marker_here")
         # PLAN, the cycle after: the first beat of the FPDU whose header HEAD read.
         head_lrem = wire(m, logical(length), "head_lrem")
         head_inside = wire(m, marker_here & (widened(m, head_lrem[:ew], 9, "head_low")
                                              >= to_marker), "head_inside")
         # A marker right after the pad at the next beat's first lane is covered by the CRC:
         # this beat is then not the last (the next holds the marker and the CRC field).
-        head_marker_next = wire(m, self.markers & eq(head_lrem, n) & eq(to_marker, n),
+        head_marker_next = wire(m, markers & eq(head_lrem, n) & eq(to_marker, n),
                                 "head_marker_next")
         head_final = Mux(head_inside, _at_most(length, n - 6),
                          _at_most(length, n - 2) & ~head_marker_next)
@@ -218,10 +291,10 @@ class FpduSplitter(wiring.Component):
         # counts when it is not after the pad: lrem >= to_marker (then, n <= to_marker < 2n).
         body_lrem = wire(m, Mux(marker_here, sub(lrem, n - _MARKER), sub(lrem, n)), "body_lrem")
         body_to_marker = wire(m, sub(to_marker, n), "body_to_marker")
-        body_inside = wire(m, self.markers & ~marker_here & lt(to_marker, 2 * n)
+        body_inside = wire(m, markers & ~marker_here & lt(to_marker, 2 * n)
                            & (lrem >= widened(m, to_marker, 17, "to_marker_wide")),
                            "body_inside")
-        body_marker_next = wire(m, self.markers & eq(lrem, 2 * n) & eq(to_marker, 2 * n),
+        body_marker_next = wire(m, markers & eq(lrem, 2 * n) & eq(to_marker, 2 * n),
                                 "body_marker_next")
         body_final = wire(m, Mux(marker_here | body_inside, _at_most(lrem, 2 * n - _MARKER),
                                  _at_most(lrem, 2 * n) & ~body_marker_next), "body_final")
@@ -231,7 +304,7 @@ class FpduSplitter(wiring.Component):
         next_to_marker = wrap_sub(m, to_marker, end, 9, "next_to_marker")
         choices = {}
         for k in range(2, n // 4 + 2):
-            lead_k = wire(m, self.markers & eq(to_marker, 4 * k), f"next{k}_leading")
+            lead_k = wire(m, markers & eq(to_marker, 4 * k), f"next{k}_leading")
             field_k, present_k, oversize_k = header(
                 f"next{k}", buf[32 * k:32 * k + 48], wrap_sub(m, have, 4 * k, have_w,
                                                             f"next{k}_avail"), lead_k)
@@ -264,6 +337,13 @@ class FpduSplitter(wiring.Component):
         out_free = ~out.valid | out.ready
         with m.If(out.ready):
             m.d.sync += out.valid.eq(0)
+
+        def tag_beat(last):
+            """The beat sent carries the FPDU's tag; `first` is the first FPDU's only."""
+            if pieces:
+                m.d.sync += out.payload.tag.eq(tag)
+                with m.If(last):
+                    m.d.sync += tag.first.eq(0)
         with state.state("HEAD"):
             with m.If(has_field):
                 with m.If(oversize):
@@ -275,6 +355,9 @@ class FpduSplitter(wiring.Component):
                             out.payload.length.eq(field), out.payload.marker.eq(0),
                             out.payload.crc_bad.eq(0), out.payload.crc_field.eq(0),
                         ]
+                        tag_beat(C(1, 1))
+                        if pieces:
+                            m.d.sync += dead_conns.bit_select(tag.conn, 1).eq(1)
                         state.goto("DEAD")
                 with m.Else():
                     m.d.sync += [length.eq(field), leading.eq(head_leading), sent.eq(0)]
@@ -293,6 +376,7 @@ class FpduSplitter(wiring.Component):
                     out.payload.marker.eq(marker_counts), out.payload.marker_lane.eq(
                         to_marker[2:2 + _lane_bits(n)]), out.payload.fpduptr.eq(fpduptr),
                 ]
+                tag_beat(final)
                 with m.If(final):
                     m.d.comb += [consumed.eq(end[:cw]), drop_end.eq(1)]
                     m.d.sync += to_marker.eq(next_to_marker)
@@ -310,8 +394,14 @@ class FpduSplitter(wiring.Component):
         # nothing is sent), then what was sent is dropped (a beat, or up to a word boundary).
         dead = wire(m, eq(state.reg, 3), "dead")
         room = Signal(init=1)       # have <= size - n, kept beside `have` (timing)
-        m.d.comb += self.i.ready.eq(room | dead)
-        take = self.i.valid & room & ~dead
+        if pieces:
+            self._next_piece(m, state, dead, have, tag, markers, open_piece, dead_conns,
+                             to_marker)
+            m.d.comb += self.i.ready.eq(open_piece & (room | dead))
+            take = self.i.valid & room & ~dead & open_piece
+        else:
+            m.d.comb += self.i.ready.eq(room | dead)
+            take = self.i.valid & room & ~dead
         count = keep_count(m, beat.keep, n, "in_count")
         lanes = Cat(beat.data.word_select(j, 8) & beat.keep[j].replicate(8) for j in range(n))
         shift_w = (size - 1).bit_length()
@@ -331,6 +421,30 @@ class FpduSplitter(wiring.Component):
             m.d.sync += [buf.eq(0), have.eq(0), room.eq(1)]
         return m
 
+    def _next_piece(self, m, state, dead, have, tag, markers, open_piece, dead_conns, to_marker):
+        """Take the next piece's header once the one before has been sent (or thrown away):
+        its settings, the distance to its first marker, and whether its connection is dead."""
+        piece = self.i_piece.payload
+        head = wire(m, eq(state.reg, 0), "head")
+        between = wire(m, ~open_piece & ((head & is_zero(have)) | dead), "between")
+        m.d.comb += self.i_piece.ready.eq(between)
+        with m.If(self.i.valid & self.i.ready & self.i.payload.last):
+            m.d.sync += open_piece.eq(0)
+        with m.If(self.i_piece.valid & between):
+            conn_dead = select(m, piece.conn, list(dead_conns), 1, "conn_dead")
+            m.d.sync += [
+                open_piece.eq(1), tag.conn.eq(piece.conn), tag.first.eq(piece.first),
+                tag.crc.eq(piece.crc), markers.eq(piece.markers),
+                to_marker.eq(add(~piece.position, 1)[:9]),
+            ]
+            with m.If(piece.first):
+                m.d.sync += dead_conns.bit_select(piece.conn, 1).eq(0)
+                state.goto("HEAD")
+            with m.Elif(conn_dead):
+                state.goto("DEAD")
+            with m.Else():
+                state.goto("HEAD")
+
 
 class CrcChecker(wiring.Component):
     """Check each FPDU's CRC field against the CRC32c of its octets (RFC 5044 4.4).
@@ -340,7 +454,8 @@ class CrcChecker(wiring.Component):
     i : In(stream.Signature(FpduBeat(data_bytes)))
         FPDUs from :class:`FpduSplitter`.
     crc : In(1)
-        CRCs are in use (negotiated); held steady while the stream runs.
+        CRCs are in use (negotiated); held steady while the stream runs. With ``conns`` there
+        is no such port: each FPDU's ``tag.crc`` says.
     o : Out(stream.Signature(FpduBeat(data_bytes)))
         The same beats; on a last beat ``crc_bad`` when ``crc`` is set and the CRC field (least
         significant octet first) is not the CRC32c of the packet's octets.
@@ -352,18 +467,18 @@ class CrcChecker(wiring.Component):
     fills the FIFO, then stalls ``i``.
     """
 
-    def __init__(self, data_bytes):
+    def __init__(self, data_bytes, *, conns=None):
         self.data_bytes = _check_core(data_bytes)
+        self.conns = _check_conns(conns)
         self._engine = CRC32CEngine(data_bytes)
-        super().__init__({
-            "i": In(stream.Signature(FpduBeat(data_bytes))),
-            "crc": In(1),
-            "o": Out(stream.Signature(FpduBeat(data_bytes))),
-        })
+        layout = FpduBeat(data_bytes, conns)
+        super().__init__({"i": In(stream.Signature(layout)),
+                          **({"crc": In(1)} if conns is None else {}),
+                          "o": Out(stream.Signature(layout))})
 
     def elaborate(self, platform):
         m = Module()
-        layout = FpduBeat(self.data_bytes)
+        layout = FpduBeat(self.data_bytes, self.conns)
         m.submodules.crc = engine = self._engine
         m.submodules.fifo = fifo = SyncFIFOBuffered(width=layout.size,
                                                     depth=engine.latency + 4)
@@ -383,7 +498,8 @@ class CrcChecker(wiring.Component):
         m.d.comb += [
             self.o.valid.eq(go),
             self.o.payload.eq(head),
-            self.o.payload.crc_bad.eq(head.last & self.crc & mismatch),
+            self.o.payload.crc_bad.eq(head.last & mismatch & (
+                self.crc if self.conns is None else head.tag.crc)),
             fifo.r_en.eq(go & self.o.ready),
             engine.o.ready.eq(go & self.o.ready & head.last),
         ]
@@ -401,7 +517,8 @@ class MarkerRemover(wiring.Component):
         Per FPDU its ULPDU_Length field and ULPDU, from lane 0: the marker words are removed
         and the pad is cut off the last beat. ``marker_bad`` on the last beat when a removed
         marker's FPDUPTR, its two low bits cleared, is not the beat's ``fpduptr``; ``crc_bad``
-        passes. An ``oversize`` packet gives one verdict-only beat.
+        passes. An ``oversize`` packet gives one verdict-only beat. With ``conns``, each beat has
+        its FPDU's ``tag``.
 
     The words after a marker move down one lane; the words that do not fill an output beat wait
     in a carry register for the next. Throughput: one input beat per cycle; a beat whose words
@@ -410,11 +527,12 @@ class MarkerRemover(wiring.Component):
     Latency: one cycle. Back-pressure on ``o`` stalls ``i``.
     """
 
-    def __init__(self, data_bytes):
+    def __init__(self, data_bytes, *, conns=None):
         self.data_bytes = _check_core(data_bytes)
+        self.conns = _check_conns(conns)
         super().__init__({
-            "i": In(stream.Signature(FpduBeat(data_bytes))),
-            "o": Out(stream.Signature(LogicalBeat(data_bytes))),
+            "i": In(stream.Signature(FpduBeat(data_bytes, conns))),
+            "o": Out(stream.Signature(LogicalBeat(data_bytes, conns))),
         })
 
     def elaborate(self, platform):
@@ -478,13 +596,18 @@ class MarkerRemover(wiring.Component):
         flush_keep = select(m, out_left[:n.bit_length()], {k: mask(k) for k in range(1, n + 1)},
                             n, "flush_keep")
 
-        def send(data, last, keep, crc_bad, marker_bad):
+        tagged = self.conns is not None
+        tag_r = Signal(PieceTag(self.conns)) if tagged else None   # the carry's packet's
+
+        def send(data, last, keep, crc_bad, marker_bad, tag):
             m.d.sync += [
                 out.valid.eq(1), out.payload.data.eq(data), out.payload.last.eq(last),
                 out.payload.keep.eq(Mux(last, keep, mask(n))),
                 out.payload.crc_bad.eq(last & crc_bad),
                 out.payload.marker_bad.eq(last & marker_bad), out.payload.oversize.eq(0),
             ]
+            if tagged:
+                m.d.sync += out.payload.tag.eq(tag)
 
         def take():
             """Take the input beat: follow its markers; the carry takes what is not sent."""
@@ -494,11 +617,13 @@ class MarkerRemover(wiring.Component):
                 out_left.eq(left), few_left.eq(ends),
                 carry.eq(y), held.eq(total),
             ]
+            if tagged:
+                m.d.sync += tag_r.eq(beat.tag)
 
         with m.If(out_free):
             with m.If(flush):
                 # A packet's last beat; the next packet's first beat goes to the carry.
-                send(carry, 1, flush_keep, crc_bad_r, bad_r)
+                send(carry, 1, flush_keep, crc_bad_r, bad_r, tag_r)
                 m.d.sync += [flush.eq(0), held.eq(0)]
                 with m.If(self.i.valid & ~beat.oversize):
                     take()
@@ -508,17 +633,19 @@ class MarkerRemover(wiring.Component):
                 m.d.sync += [out.valid.eq(1), out.payload.keep.eq(0), out.payload.last.eq(1),
                              out.payload.oversize.eq(1), out.payload.crc_bad.eq(0),
                              out.payload.marker_bad.eq(0), first.eq(1), held.eq(0)]
+                if tagged:
+                    m.d.sync += out.payload.tag.eq(beat.tag)
             with m.Elif(self.i.valid):
                 take()
                 with m.If(fills & ~ends):
                     # A whole beat that is not the packet's last (after a last input beat,
                     # the rest follows alone).
-                    send(y, 0, left_keep, 0, 0)
+                    send(y, 0, left_keep, 0, 0, beat.tag if tagged else None)
                     m.d.sync += [carry.eq(y_rest), held.eq(sub(total, u)),
                                  out_left.eq(sub(left, n)), few_left.eq(ends_next),
                                  flush.eq(beat.last)]
                 with m.Elif(beat.last):
-                    send(y, 1, left_keep, beat.crc_bad, bad | wrong)
+                    send(y, 1, left_keep, beat.crc_bad, bad | wrong, beat.tag if tagged else None)
                     m.d.sync += held.eq(0)
                 # Else not a whole beat yet, or the packet's last one, which waits for the
                 # packet's end (a marker right after the pad may follow) and its verdict.
@@ -539,41 +666,54 @@ class StreamVerdict(wiring.Component):
         One transfer at the first bad FPDU: ``LENGTH`` for ``oversize``, else ``CRC`` for
         ``crc_bad``, else ``MARKER``.
 
+    With ``conns``, each connection fails alone: ``o`` beats and ``o_error`` events name the
+    connection (``conn``; ``o_error`` is a :func:`ConnError`), and a connection that has failed
+    gets nothing through until an FPDU with ``tag.first`` starts it afresh.
+
     Throughput: one beat per cycle. Latency: one cycle. Back-pressure on either output stalls
     ``i``; once the stream has failed, ``i`` is taken and thrown away.
     """
 
-    def __init__(self, data_bytes):
+    def __init__(self, data_bytes, *, conns=None):
         self.data_bytes = _check_core(data_bytes)
+        self.conns = _check_conns(conns)
         super().__init__({
-            "i": In(stream.Signature(LogicalBeat(data_bytes))),
-            "o": Out(BeatStream(data_bytes, err=True)),
-            "o_error": Out(stream.Signature(ErrorKind)),
+            "i": In(stream.Signature(LogicalBeat(data_bytes, conns))),
+            "o": Out(BeatStream(data_bytes, err=True, conns=conns)),
+            "o_error": Out(stream.Signature(ErrorKind if conns is None else ConnError(conns))),
         })
 
     def elaborate(self, platform):
         m = Module()
         beat, out, err = self.i.payload, self.o, self.o_error
-        failed = Signal()
         bad = wire(m, beat.last & (beat.oversize | beat.crc_bad | beat.marker_bad), "bad")
+        kind = Mux(beat.oversize, ErrorKind.LENGTH.value,
+                   Mux(beat.crc_bad, ErrorKind.CRC.value, ErrorKind.MARKER.value))
+        if self.conns is None:
+            failed = record = Signal()
+            failed_now = failed
+            beat_out, error_out = [], [err.payload.as_value().eq(kind)]
+        else:
+            states = Signal(self.conns)     # the connections that have failed
+            failed = select(m, beat.tag.conn, list(states), 1, "failed")
+            record = states.bit_select(beat.tag.conn, 1)
+            failed_now = wire(m, failed & ~beat.tag.first, "failed_now")
+            beat_out = [out.payload.conn.eq(beat.tag.conn)]
+            error_out = [err.payload.kind.eq(kind), err.payload.conn.eq(beat.tag.conn)]
         free = (~out.valid | out.ready) & (~err.valid | err.ready)
         with m.If(out.ready):
             m.d.sync += out.valid.eq(0)
         with m.If(err.ready):
             m.d.sync += err.valid.eq(0)
-        m.d.comb += self.i.ready.eq(failed | free)
-        with m.If(self.i.valid & ~failed & free):
+        m.d.comb += self.i.ready.eq(failed_now | free)
+        with m.If(self.i.valid & ~failed_now & free):
             with m.If(~is_zero(beat.keep)):
                 m.d.sync += [out.valid.eq(1), out.payload.data.eq(beat.data),
                              out.payload.keep.eq(beat.keep), out.payload.last.eq(beat.last),
-                             out.payload.err.eq(bad)]
+                             out.payload.err.eq(bad), *beat_out]
+            m.d.sync += record.eq(bad)
             with m.If(bad):
-                m.d.sync += [
-                    failed.eq(1), err.valid.eq(1),
-                    err.payload.as_value().eq(Mux(beat.oversize, ErrorKind.LENGTH.value,
-                                                  Mux(beat.crc_bad, ErrorKind.CRC.value,
-                                                      ErrorKind.MARKER.value))),
-                ]
+                m.d.sync += [err.valid.eq(1), *error_out]
         return m
 
 
@@ -596,40 +736,58 @@ class FpduDeframer(wiring.Component):
 
     Bad input: see the module docstring; a failed stream takes and drops all its input.
 
+    Several connections (``conns``, with ``max_ulpdu`` then a parameter, not a port): the
+    pieces of every connection's stream as :class:`~iwarp_nic.mpa.gather.FrameGather` releases
+    them (``max_ulpdu`` must be the gather's), each one's header on ``i_piece`` (a ``Release``:
+    conn, marker position, markers, crc, first) and its octets as one packet on ``i``. There
+    are no ``crc`` and ``markers`` ports. Each connection is deframed as its own stream: ``o``
+    beats carry ``conn``, ``o_error`` is a :func:`ConnError`, and a connection's failure stops
+    only that connection, until its next piece with ``first``. Between two pieces the input
+    waits for the first piece's octets to leave the splitter (about two cycles; see
+    :class:`FpduSplitter`).
+
     Throughput: one beat per cycle, minus one cycle per FPDU (its ULPDU_Length field) and its
     last partial beat; below 4 bytes per beat, the stages run on 4-byte beats, one every
     ``4 / data_bytes`` cycles. Latency: see the stages. Back-pressure on ``o`` or ``o_error``
     stalls ``i``; nothing is lost.
     """
 
-    def __init__(self, data_bytes):
+    def __init__(self, data_bytes, *, conns=None, max_ulpdu=None):
         self.data_bytes = check_data_bytes(data_bytes)
+        self.conns = _check_conns(conns)
+        if conns is None:
+            ports = {"crc": In(1), "markers": In(1), "max_ulpdu": In(16)}
+        else:
+            ports = {"i_piece": In(stream.Signature(Release(conns)))}
+            self.max_ulpdu = _check_max_ulpdu(max_ulpdu)     # else a port
         super().__init__({
+            **ports,
             "i": In(BeatStream(data_bytes)),
-            "crc": In(1),
-            "markers": In(1),
-            "max_ulpdu": In(16),
-            "o": Out(BeatStream(data_bytes, err=True)),
-            "o_error": Out(stream.Signature(ErrorKind)),
+            "o": Out(BeatStream(data_bytes, err=True, conns=conns)),
+            "o_error": Out(stream.Signature(ErrorKind if conns is None else ConnError(conns))),
         })
 
     def elaborate(self, platform):
         m = Module()
-        n = self.data_bytes
+        n, conns = self.data_bytes, self.conns
         core = max(n, _CORE_BYTES)
-        m.submodules.splitter = splitter = FpduSplitter(core)
-        m.submodules.checker = checker = CrcChecker(core)
-        m.submodules.remover = remover = MarkerRemover(core)
-        m.submodules.verdict = verdict = StreamVerdict(core)
-        m.d.comb += [splitter.markers.eq(self.markers), splitter.max_ulpdu.eq(self.max_ulpdu),
-                     checker.crc.eq(self.crc)]
+        m.submodules.splitter = splitter = FpduSplitter(
+            core, conns=conns, max_ulpdu=None if conns is None else self.max_ulpdu)
+        m.submodules.checker = checker = CrcChecker(core, conns=conns)
+        m.submodules.remover = remover = MarkerRemover(core, conns=conns)
+        m.submodules.verdict = verdict = StreamVerdict(core, conns=conns)
+        if conns is None:
+            m.d.comb += [splitter.markers.eq(self.markers), splitter.max_ulpdu.eq(self.max_ulpdu),
+                         checker.crc.eq(self.crc)]
+        else:
+            wiring.connect(m, wiring.flipped(self.i_piece), splitter.i_piece)
         wiring.connect(m, splitter.o, checker.i)
         wiring.connect(m, checker.o, remover.i)
         wiring.connect(m, remover.o, verdict.i)
         wiring.connect(m, verdict.o_error, wiring.flipped(self.o_error))
         if n < core:
             m.submodules.widen = widen = BeatUpsizer(n, core)
-            m.submodules.narrow = narrow = BeatDownsizer(core, n, err=True)
+            m.submodules.narrow = narrow = BeatDownsizer(core, n, err=True, conns=conns)
             wiring.connect(m, wiring.flipped(self.i), widen.i)
             wiring.connect(m, widen.o, splitter.i)
             wiring.connect(m, verdict.o, narrow.i)

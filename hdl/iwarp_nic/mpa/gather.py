@@ -49,11 +49,14 @@ class GatherOp(enum.Enum, shape=1):
     """What a :class:`GatherCommand` does to its connection."""
 
     START = 0   # a new connection on the slot: its next octet is its startup frame's first
-    FPDUS = 1   # the startup exchange is over: FPDUs follow the startup frame, markers as given
+    FPDUS = 1   # the startup exchange is over: FPDUs follow the startup frame, markers and
+                # CRCs as given
 
 
 def GatherCommand(conns):
-    return data.StructLayout({"op": GatherOp, "conn": conn_bits(conns), "markers": 1})
+    """A command to connection ``conn``'s gather: ``op``; for ``FPDUS``, ``markers`` and ``crc``
+    say whether the connection negotiated markers and CRCs (both 0 for ``START``)."""
+    return data.StructLayout({"op": GatherOp, "conn": conn_bits(conns), "markers": 1, "crc": 1})
 
 
 class ReleaseKind(enum.Enum, shape=2):
@@ -68,9 +71,12 @@ class ReleaseKind(enum.Enum, shape=2):
 def Release(conns):
     """One released piece: ``length`` (>= 1) octets of connection ``conn``'s stream; ``position``
     is the stream offset of its first octet from the first FPDU's first octet, modulo 512 (where
-    the markers are), meaningful for FPDUS and EARLY."""
+    the markers are), meaningful for FPDUS and EARLY. For an FPDUS piece, ``markers`` and ``crc``
+    are the connection's settings from its FPDUS command, and ``first`` is set on the
+    connection's first FPDUS piece after that command (its first FPDU starts the piece); all
+    three are 0 for the other kinds."""
     return data.StructLayout({"conn": conn_bits(conns), "length": 16, "kind": ReleaseKind,
-                              "position": 9})
+                              "position": 9, "markers": 1, "crc": 1, "first": 1})
 
 
 def max_frame_ulpdu(ring_bytes, max_chunk):
@@ -100,6 +106,8 @@ _Context = data.StructLayout({
     "kind": ReleaseKind,    # the kind of the next release
     "passing": 1,       # framing is lost: every octet is released as it comes
     "markers": 1,
+    "crc": 1,
+    "first": 1,         # no FPDUS piece released since the FPDUS command
     "origin": 9,        # the first FPDU's offset, modulo 512
     "framed": 1,        # inside a frame whose end is `need` octets on; else before its length field
     "need": 17,
@@ -125,12 +133,16 @@ class FrameGather(wiring.Component):
         ``START``: a new connection on the slot; give it before the connection's first chunk
         (for a passive open when TCP reports it established, before any of its octets can be
         offered). ``FPDUS``: the startup frame has been released and this end has settled the
-        exchange: the octets after that frame are FPDUs, with markers or not. Give it before this
-        end sends anything that lets the peer send FPDUs (its Reply, or its first FPDU), as RFC
-        5044 7.1 orders the exchange. Commands are taken between chunks, before waiting chunks.
+        exchange: the octets after that frame are FPDUs, with markers or not (``markers``) and
+        CRCs or not (``crc``). Give it before this end sends anything that lets the peer send
+        FPDUs (its Reply, or its first FPDU), as RFC 5044 7.1 orders the exchange. Commands are
+        taken between chunks, before waiting chunks.
     o_header : Out(stream Release(conns)); o : Out(BeatStream(data_bytes))
         The released pieces, in the order of the chunks that completed them, each header then
         its ``length`` octets as one packet. A connection's pieces, in order, are its stream.
+        Each header describes its piece: the kind and marker position, and for an FPDUS piece
+        the connection's ``markers`` and ``crc`` and whether it is the connection's ``first``
+        FPDUS piece, so the deframer needs no state of its own from the commands.
 
     What is released when a chunk of connection ``c`` ends: its octets up to the end of the last
     frame they complete, from where the previous piece ended. The first frame is the startup
@@ -194,7 +206,7 @@ class FrameGather(wiring.Component):
         m.submodules.drained = drained = Memory(shape=32, depth=conns, init=[])
         # Released pieces, until the ring has reported their chunk's octets written.
         pending = data.StructLayout({"read": RingRequest(conns), "kind": ReleaseKind,
-                                     "position": 9})
+                                     "position": 9, "markers": 1, "crc": 1, "first": 1})
         m.submodules.releases = releases = SyncFIFOBuffered(width=pending.size, depth=3)
         # Reads from the ring (and abandoned octets), in order, until their octets have left.
         reading = data.StructLayout({"conn": conn_bits(conns), "end": 32, "octets": 1})
@@ -229,7 +241,8 @@ class FrameGather(wiring.Component):
         header = data.View(Release(self.conns), headers.w_data)
         m.d.comb += [header.conn.eq(head.read.conn), header.length.eq(head.read.length),
                      header.kind.eq(head.kind), header.position.eq(head.position),
-                     reads.w_en.eq(push)]
+                     header.markers.eq(head.markers), header.crc.eq(head.crc),
+                     header.first.eq(head.first), reads.w_en.eq(push)]
         entry = data.View(reading, reads.w_data)
         with m.If(push):
             m.d.comb += [entry.conn.eq(head.read.conn), entry.octets.eq(1),
@@ -357,22 +370,28 @@ class FrameGather(wiring.Component):
             m.d.comb += [ctx_wr.en.eq(1), ctx_wr.data.eq(ctx)]
             with m.If(eq(ctx.mode.as_value(), _Mode.AWAIT.value)):
                 m.d.comb += [ctx_wr.data.mode.eq(_Mode.FPDUS), ctx_wr.data.markers.eq(cmd.markers),
+                             ctx_wr.data.crc.eq(cmd.crc), ctx_wr.data.first.eq(1),
                              ctx_wr.data.skip.eq(Mux(cmd.markers, _MARKER, 0))]
                 with m.If(~ctx.passing):
                     m.d.comb += ctx_wr.data.kind.eq(ReleaseKind.FPDUS)
             state.goto("IDLE")
 
     def _release(self, m, cur, conn, first, kind, releases, pending, ctx_wr):
-        """The chunk's piece (possibly empty) to the release queue; the context back."""
+        """The chunk's piece (possibly empty) to the release queue; the context back, ``first``
+        cleared once an FPDUS piece goes out (an empty piece is dropped, so it does not count)."""
         end = Mux(cur.passing, cur.wseq, cur.start)
         entry = data.View(pending, releases.w_data)
+        length = wrap_sub(m, end, first, 32, "piece")[:16]
+        fpdus = eq(kind.as_value(), ReleaseKind.FPDUS.value)
         m.d.comb += [releases.w_en.eq(1), entry.read.conn.eq(conn), entry.read.seq.eq(first),
-                     entry.read.length.eq(wrap_sub(m, end, first, 32, "piece")[:16]),
-                     entry.kind.eq(kind),
+                     entry.read.length.eq(length), entry.kind.eq(kind),
                      entry.position.eq(wrap_sub(m, first[:9], cur.origin, 9, "piece_position")),
-                     ctx_wr.en.eq(1)]
+                     entry.markers.eq(fpdus & cur.markers), entry.crc.eq(fpdus & cur.crc),
+                     entry.first.eq(fpdus & cur.first), ctx_wr.en.eq(1)]
         with m.If(cur.passing):
             m.d.comb += ctx_wr.data.start.eq(cur.wseq)
+        with m.If(fpdus & ~is_zero(length)):
+            m.d.comb += ctx_wr.data.first.eq(0)
 
     def _boundary(self, m, cur, offset):
         """A frame ends before stream offset ``offset``: the next begins there. After the
