@@ -33,6 +33,7 @@ def tops():
         FpduFramer,
         FrameGather,
         MpaNegotiator,
+        MpaReceiver,
         StartupReader,
         StartupWriter,
     )
@@ -70,6 +71,7 @@ def tops():
         tops[f"iwarp_mpa_startup_writer_w{n}"] = lambda n=n: StartupWriter(n)
         tops[f"iwarp_mpa_negotiator_w{n}"] = lambda n=n: MpaNegotiator(n)
         tops[f"iwarp_mpa_frame_gather_w{n}"] = lambda n=n: FrameGather(n)
+        tops[f"iwarp_mpa_receiver_w{n}"] = lambda n=n: MpaReceiver(n)
         tops[f"iwarp_rdmap_terminate_w{n}"] = lambda n=n: TerminateEmitter(n)
         tops[f"iwarp_rdmap_terminate_parser_w{n}"] = lambda n=n: TerminateParser(n)
         tops[f"iwarp_ddp_segment_w{n}"] = lambda n=n: SegmentParser(n)

@@ -18,11 +18,22 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from iwarp_model.wire.fpdu import Framer, wire_length
+from iwarp_model.wire.errors import CrcError, MarkerError, OversizeError
+from iwarp_model.wire.fpdu import Deframer, Framer, wire_length
 from iwarp_model.wire.mpa import MpaFrame
+from iwarp_nic.mpa import ErrorKind, MpaReceiver
 from iwarp_nic.mpa.gather import FrameGather, GatherOp, ReleaseKind, max_frame_ulpdu
 from iwarp_tb.amsim import run
-from iwarp_tb.streams import AmaranthBus, StreamPort, recv, recv_packets, send, send_packets
+from iwarp_tb.beats import Beat, from_beats
+from iwarp_tb.streams import (
+    AmaranthBus,
+    StreamPort,
+    recv,
+    recv_packets,
+    send,
+    send_packets,
+    until_quiet,
+)
 
 IDLE = STALL = 0.3
 WIDTHS = (1, 8, 64)
@@ -71,7 +82,7 @@ class Stream:
                 bytes(self.octets[start:end])) + settings
 
 
-def build(rng, conn, n_fpdus, *, oversize_at=None, largest=2599, big=False):
+def build(rng, conn, n_fpdus, *, oversize_at=None, largest=2599, big=False, crc=None):
     """A connection's stream: a startup frame, then ``n_fpdus`` FPDUs (one with ULPDU_Length
     0xFFFF, its field complete at ``passing``, when ``oversize_at`` is given). With ``big``, the
     largest private data and a last FPDU of ``largest`` octets."""
@@ -83,6 +94,8 @@ def build(rng, conn, n_fpdus, *, oversize_at=None, largest=2599, big=False):
     s.octets += frame
     s.ends.append(len(frame))
     s.crc = rng.random() < 0.5      # the CRC setting the host gives with FPDUS
+    if crc is not None:
+        s.crc = crc
     framer = Framer(crc=s.crc, markers=s.markers)
     for k in range(n_fpdus):
         size = rng.choice([0, 1, 2, 3, 14, 28, rng.randint(0, 600),
@@ -121,13 +134,15 @@ def chunks_of(rng, s, n, chunk=CHUNK):
     return cut(0, head), cut(head, len(s.octets))
 
 
-def gather_run(n, streams, rng, *, early=()):
-    """Run the streams through a FrameGather; return (expected, got) release lists.
-    Connections in ``early`` get their first FPDU chunk before the FPDUS command."""
-    dut = FrameGather(n, conns=CONNS, ring_bytes=RING, max_chunk=CHUNK)
+def drivers(n, dut, streams, rng, startup_seen, *, early=()):
+    """The testbenches that feed ``streams`` to ``dut`` (a gather, or something with one at its
+    input): a sender of their chunks, interleaved at random, and a host that starts every
+    connection and gives FPDUS once ``startup_seen(conn)``; FPDU chunks go only after it, but
+    connections in ``early`` get theirs before any command. Returns the two, the oracle's list
+    of expected releases (filled as chunks go) and a dict whose ``"sent"`` says all went."""
     plans = {s.conn: chunks_of(rng, s, n) for s in streams}
     allowed = {s.conn: False for s in streams}      # FPDU chunks may go
-    expected, got = [], []
+    expected = []
     state = {"sent": False, "started": False}
 
     async def sender(ctx):
@@ -168,8 +183,7 @@ def gather_run(n, streams, rng, *, early=()):
         done = set()
         while len(done) < len(streams):
             for s in streams:
-                if s.conn not in done and any(g[0] == s.conn and g[1] == ReleaseKind.STARTUP
-                                              for g in got):
+                if s.conn not in done and startup_seen(s.conn):
                     done.add(s.conn)
                     if s.conn in early:
                         continue
@@ -179,6 +193,19 @@ def gather_run(n, streams, rng, *, early=()):
                                rng=rng, idle=IDLE)
                     allowed[s.conn] = True
             await ctx.tick()
+
+    return sender, host, expected, state
+
+
+def gather_run(n, streams, rng, *, early=()):
+    """Run the streams through a FrameGather; return (expected, got) release lists."""
+    dut = FrameGather(n, conns=CONNS, ring_bytes=RING, max_chunk=CHUNK)
+    got = []
+
+    def startup_seen(conn):
+        return any(g[0] == conn and g[1] == ReleaseKind.STARTUP for g in got)
+
+    sender, host, expected, state = drivers(n, dut, streams, rng, startup_seen, early=early)
 
     async def receiver(ctx):
         bus = AmaranthBus(ctx)
@@ -300,3 +327,81 @@ def test_parameters():
         FrameGather(8, ring_bytes=1024)
     with pytest.raises(ValueError, match="max_chunk"):
         FrameGather(8, max_chunk=0)
+
+
+# MpaReceiver: the gather and the several-connection deframer behind it.
+
+KIND = {CrcError: ErrorKind.CRC, MarkerError: ErrorKind.MARKER, OversizeError: ErrorKind.LENGTH}
+
+
+def deframed(s, max_ulpdu):
+    """What the model's Deframer makes of a connection's FPDUs: its packets (the ULPDU behind its
+    length field, and ``None`` for a bad FPDU's, which ends with ``err``) and its error."""
+    deframer = Deframer(crc=s.crc, markers=s.markers, max_ulpdu=max_ulpdu)
+    try:
+        ulpdus, kind = deframer.feed(bytes(s.octets[len(s.startup):])), None
+    except (CrcError, MarkerError, OversizeError) as error:
+        ulpdus, kind = list(error.delivered), KIND[type(error)]
+    packets = [len(u).to_bytes(2, "big") + u for u in ulpdus]
+    return packets + ([None] if kind in (ErrorKind.CRC, ErrorKind.MARKER) else []), kind
+
+
+@pytest.mark.parametrize("n", WIDTHS)
+def test_receiver(n):
+    """Three connections through MpaReceiver: the host gets each startup frame and answers it;
+    each connection's ULPDUs are the model Deframer's of its stream, one connection failing
+    on an over-long length and one on a bad CRC while the third runs to its end."""
+    rng = random.Random(800 + n)
+    fpdus = 5 if n == 1 else 25
+    streams = [build(rng, 0, fpdus, oversize_at=fpdus // 2), build(rng, 1, fpdus, crc=True),
+               build(rng, 2, fpdus)]
+    bad = streams[1].ends[1 + fpdus // 3]       # a CRC field's last octet, spoiled
+    streams[1].octets[bad - 1] ^= 0x10
+    dut = MpaReceiver(n, conns=CONNS, ring_bytes=RING, max_chunk=CHUNK)
+    startups, packets, events = {}, [], []
+    sender, host, _, state = drivers(n, dut, streams, rng, lambda c: c in startups)
+
+    async def startup_reader(ctx):
+        bus = AmaranthBus(ctx)
+        while True:
+            [header] = await recv(bus, StreamPort.amaranth(dut.o_startup_header), 1,
+                                  timeout=10**9)
+            [octets] = await recv_packets(bus, StreamPort.amaranth(dut.o_startup), 1, n)
+            startups[header["conn"]] = (ReleaseKind(header["kind"]), bytes(octets))
+
+    async def reader(ctx):
+        bus = AmaranthBus(ctx)
+        while True:
+            beats = await recv(bus, StreamPort.amaranth(dut.o), 1, packets=True, rng=rng,
+                               stall=STALL, timeout=10**9)
+            [packet] = from_beats((Beat(t["data"], t["keep"], t["last"], t["err"])
+                                   for t in beats), n)
+            assert len({t["conn"] for t in beats}) == 1, "a packet of several connections"
+            packets.append((beats[0]["conn"], packet))
+
+    async def errors(ctx):
+        bus = AmaranthBus(ctx)
+        while True:
+            [event] = await recv(bus, StreamPort.amaranth(dut.o_error), 1, rng=rng,
+                                 stall=STALL, timeout=10**9)
+            events.append((event["conn"], ErrorKind(event["kind"])))
+
+    async def bench(ctx):
+        while not state["sent"]:
+            await ctx.tick()
+        # Longer than a failed connection's chunk takes to be thrown away at one octet a cycle.
+        await until_quiet(ctx, [dut.o, dut.o_error, dut.o_startup], 2 * CHUNK)
+
+    run(dut, sender, host, bench, monitors=[startup_reader, reader, errors],
+        name=f"mpa_receiver_w{n}")
+    kinds = {}
+    for s in streams:
+        assert startups[s.conn] == (ReleaseKind.STARTUP, s.startup), f"connection {s.conn}"
+        want, kinds[s.conn] = deframed(s, dut.max_ulpdu)
+        mine = [p for c, p in packets if c == s.conn]
+        assert len(mine) == len(want), f"connection {s.conn}: {len(mine)} != {len(want)}"
+        for k, (got, octets) in enumerate(zip(mine, want)):
+            assert got.err == (octets is None), f"connection {s.conn}, packet {k}"
+            assert octets is None or bytes(got) == octets, f"connection {s.conn}, packet {k}"
+    assert kinds == {0: ErrorKind.LENGTH, 1: ErrorKind.CRC, 2: None}
+    assert sorted(events) == [(0, ErrorKind.LENGTH), (1, ErrorKind.CRC)]

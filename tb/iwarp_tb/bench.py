@@ -131,7 +131,8 @@ def crc_fits():
 
 def iwarp_fits():
     """The iWARP blocks at 8 bytes, each alone: the MPA framer, deframer, startup frames,
-    negotiator and frame gather (16 connections, 4 KiB rings), the DDP stages, the RX chain,
+    negotiator, frame gather and receiver (16 connections, 4 KiB rings), the DDP stages, the
+    RX chain,
     the Terminate emitter and parser, the send scheduler, the request responder, the atomic
     executor and the request issuer; and the whole engine of one connection (the MPA + DDP +
     RDMAP core)."""
@@ -149,6 +150,7 @@ def iwarp_fits():
         FpduFramer,
         FrameGather,
         MpaNegotiator,
+        MpaReceiver,
         StartupReader,
         StartupWriter,
     )
@@ -165,7 +167,7 @@ def iwarp_fits():
                          ("MPA startup reader", StartupReader),
                          ("MPA startup writer", StartupWriter),
                          ("MPA negotiator", MpaNegotiator),
-                         ("MPA frame gather", FrameGather),
+                         ("MPA frame gather", FrameGather), ("MPA receiver", MpaReceiver),
                          ("DDP segment parser", SegmentParser),
                          ("DDP segment placer", SegmentPlacer),
                          ("DDP receive", StreamReceiver),
@@ -390,10 +392,9 @@ def _gather_train(width, startup, chunks):
     """Run :func:`frame_gather`'s stimulus through a gather of ``width`` bytes; return the
     cycles of the input beats taken (with ``last``), of the output beats and piece headers, and
     the octets released."""
-    from amaranth.sim import Simulator
-
     from iwarp_nic.mpa import FrameGather, GatherOp
 
+    from .amsim import run
     from .streams import AmaranthBus, StreamPort, recv, recv_packets, send, send_packets
 
     dut = FrameGather(width, conns=4, ring_bytes=16384)
@@ -434,12 +435,7 @@ def _gather_train(width, startup, chunks):
                 seen["header"].append(cycle)
             cycle += 1
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(host)
-    sim.add_testbench(drain)
-    sim.add_testbench(watch, background=True)
-    sim.run()
+    run(dut, host, drain, monitors=[watch], name=f"bench_gather_w{width}")
     return seen
 
 
@@ -469,6 +465,96 @@ def frame_gather():
         startup_end = next(c for c, last in seen["in"] if last)
         yield record("MPA frame gather latency", f"{width} B/beat, the startup frame's chunk "
                      "end to its piece's header, idle", seen["header"][0] - startup_end, "cycles")
+
+
+def _receiver_train(width, conns, count, startup, chunks):
+    """Run :func:`mpa_receiver`'s stimulus through an MpaReceiver of ``width`` bytes: every
+    connection started and its startup frame released, then ``chunks`` (one train's) sent for
+    each connection in turn, holding ``count`` FPDUs. Returns the cycles of the FPDU chunks'
+    first beat and of the last ULPDU beat, and each connection's ULPDU packets."""
+    from iwarp_nic.mpa import GatherOp, MpaReceiver
+
+    from .amsim import run
+    from .beats import Beat, from_beats
+    from .streams import AmaranthBus, StreamPort, recv, send, send_packets
+
+    dut = MpaReceiver(width, conns=conns, ring_bytes=16384)
+    seen = {"startups": 0, "beats": {c: [] for c in range(conns)}, "first": None, "last": 0}
+
+    async def host(ctx):
+        bus = AmaranthBus(ctx)
+        cmd, header = StreamPort.amaranth(dut.i_cmd), StreamPort.amaranth(dut.i_header)
+        for c in range(conns):
+            await send(bus, cmd, [{"op": GatherOp.START.value, "conn": c, "markers": 0,
+                                   "crc": 0}])
+            await send(bus, header, [{"conn": c, "length": len(startup)}])
+            await send_packets(bus, StreamPort.amaranth(dut.i), [startup], width)
+        while seen["startups"] < conns:
+            await ctx.tick()
+        await send(bus, cmd, [{"op": GatherOp.FPDUS.value, "conn": c, "markers": 1, "crc": 1}
+                              for c in range(conns)])
+        for chunk in chunks:
+            for c in range(conns):
+                await send(bus, header, [{"conn": c, "length": len(chunk)}])
+                await send_packets(bus, StreamPort.amaranth(dut.i), [chunk], width)
+
+    async def startups(ctx):
+        bus = AmaranthBus(ctx)
+        ctx.set(dut.o_startup.ready, 1)
+        while True:
+            await recv(bus, StreamPort.amaranth(dut.o_startup_header), 1, timeout=1 << 30)
+            seen["startups"] += 1
+
+    async def drain(ctx):
+        bus = AmaranthBus(ctx)
+        ends = 0
+        while ends < conns * count:
+            [beat] = await recv(bus, StreamPort.amaranth(dut.o), 1, timeout=10_000)
+            seen["beats"][beat["conn"]].append(Beat(beat["data"], beat["keep"], beat["last"],
+                                                    beat["err"]))
+            ends += beat["last"]
+
+    async def watch(ctx):
+        cycle = 0
+        async for _, _, i_valid, i_ready, o_valid, o_ready in ctx.tick().sample(
+                dut.i.valid, dut.i.ready, dut.o.valid, dut.o.ready):
+            if i_valid and i_ready and seen["first"] is None and seen["startups"] == conns:
+                seen["first"] = cycle
+            if o_valid and o_ready:
+                seen["last"] = cycle
+            cycle += 1
+
+    run(dut, host, drain, monitors=[startups, watch], name=f"bench_receiver_w{width}")
+    return seen["first"], seen["last"], {c: [bytes(p) for p in from_beats(b, width)]
+                                         for c, b in seen["beats"].items()}
+
+
+def mpa_receiver():
+    """:class:`~iwarp_nic.mpa.MpaReceiver` (Amaranth simulation): four connections, each a
+    train of 50 FPDUs of 4 KiB ULPDUs with CRC and markers in 1460-octet chunks, the
+    connections' chunks in turn, every output always ready; each connection's ULPDUs checked
+    against the model's. Input beats per cycle from the first FPDU chunk's first beat to the
+    last ULPDU beat."""
+    from iwarp_model.wire.fpdu import Framer
+    from iwarp_model.wire.mpa import MpaFrame
+
+    rng = random.Random(5044)
+    count, conns = 50, 4
+    ulpdus = [rng.randbytes(4096) for _ in range(count)]
+    framer = Framer(crc=True, markers=True)
+    train = b"".join(framer.frame(u) for u in ulpdus)
+    chunks = [train[k:k + 1460] for k in range(0, len(train), 1460)]
+    startup = MpaFrame(reply=True, markers=True, crc=True).encode()
+    expected = [len(u).to_bytes(2, "big") + u for u in ulpdus]
+    for width in (8, 64):
+        first, last, got = _receiver_train(width, conns, count, startup, chunks)
+        if any(got[c] != expected for c in range(conns)):
+            raise AssertionError(f"receiver w{width}: the ULPDUs differ from the model's")
+        config = (f"{width} B/beat, {conns} connections x {count} FPDUs of 4096-byte ULPDUs "
+                  "in 1460-octet chunks taken in turn")
+        yield record("MPA receiver input beats per cycle", config,
+                     round(conns * len(train) / (width * (last - first + 1)), 4), "fraction",
+                     0.99)
 
 
 #: The region the RX chain bench writes into: STag index 1, key 0x5A, PD 1.
@@ -611,7 +697,7 @@ def tx_chain():
 
 
 BENCHMARKS = [crc_engines, crc_fits, tcp_goodput, tcp_latency, mpa_deframer, frame_gather,
-              rx_chain,
+              mpa_receiver, rx_chain,
               tx_chain, iwarp_fits]
 
 

@@ -26,16 +26,17 @@ class Demux(wiring.Component):
     Ports
     -----
     i_header : In(stream.Signature(header_shape))
-        ``header_shape`` is a struct with a ``has_payload`` member (a ``HeaderStream`` payload).
-    i_payload : In(BeatStream(data_bytes, err=True))
-        One payload packet per header with ``has_payload`` set.
+        ``header_shape`` is a struct; with a ``has_payload`` member (a ``HeaderStream`` payload)
+        only the headers with it set have a payload, else every header has one.
+    i_payload : In(BeatStream(data_bytes, err=err))
+        One payload packet per header with a payload.
     sel : In(range(ways + 1))
         The way of the header offered on ``i_header``, decided combinationally by the owner from
         ``i_header.payload``; ``ways`` drops the packet (header and payload consumed, discarded).
     o_header[k] : Out(stream.Signature(header_shape))
         Only when ``headers`` is true: the headers routed to way ``k``. Otherwise headers are
         consumed here and only payloads leave.
-    o_payload[k] : Out(BeatStream(data_bytes, err=True))
+    o_payload[k] : Out(BeatStream(data_bytes, err=err))
         The payloads routed to way ``k``.
 
     Purely combinational between input and output (no register, zero latency). Throughput: one
@@ -43,16 +44,16 @@ class Demux(wiring.Component):
     payload beats plus one cycle. Back-pressure passes straight through from the selected output.
     """
 
-    def __init__(self, header_shape, data_bytes, ways, *, headers=True):
+    def __init__(self, header_shape, data_bytes, ways, *, headers=True, err=True):
         check_data_bytes(data_bytes)
         _check_ways(ways, 1)
         self.ways = ways
         self.headers = headers
         members = {
             "i_header": In(stream.Signature(header_shape)),
-            "i_payload": In(BeatStream(data_bytes, err=True)),
+            "i_payload": In(BeatStream(data_bytes, err=err)),
             "sel": In(range(ways + 1)),
-            "o_payload": Out(BeatStream(data_bytes, err=True)).array(ways),
+            "o_payload": Out(BeatStream(data_bytes, err=err)).array(ways),
         }
         if headers:
             members["o_header"] = Out(stream.Signature(header_shape)).array(ways)
@@ -75,7 +76,8 @@ class Demux(wiring.Component):
                         m.d.comb += hdr.ready.eq(1)
             with m.If(eq(self.sel, self.ways)):
                 m.d.comb += hdr.ready.eq(1)
-            with m.If(hdr.valid & hdr.ready & hdr.payload.has_payload):
+            has_payload = getattr(hdr.payload, "has_payload", 1)
+            with m.If(hdr.valid & hdr.ready & has_payload):
                 m.d.sync += [busy.eq(1), way.eq(self.sel)]
         with m.Else():
             m.d.comb += pay.ready.eq(eq(way, self.ways))
