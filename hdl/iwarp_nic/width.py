@@ -38,22 +38,23 @@ class BeatUpsizer(wiring.Component):
 
     Ports
     -----
-    i : In(BeatStream(narrow_bytes, err=err))
-    o : Out(BeatStream(wide_bytes, err=err))
+    i : In(BeatStream(narrow_bytes, err=err, conns=conns))
+    o : Out(BeatStream(wide_bytes, err=err, conns=conns))
         Narrow beat ``k`` of a wide beat fills its lanes ``k * narrow_bytes`` up; a wide beat is
         complete after ``ratio`` narrow beats or at a packet's last, and leaves with that beat's
-        ``last`` and ``err``.
+        ``last``, ``err`` and ``conn`` (a packet's beats all name one connection).
 
     Throughput: one narrow beat per cycle, sustained, while ``o`` takes what it is offered.
     Latency: a wide beat is offered (from a register) the cycle after its last narrow beat is
     taken. Back-pressure: ``i.ready`` is low while a complete wide beat waits on ``o``.
     """
 
-    def __init__(self, narrow_bytes, wide_bytes, *, err=False):
+    def __init__(self, narrow_bytes, wide_bytes, *, err=False, conns=None):
         self.ratio = _check_ratio(narrow_bytes, wide_bytes)
         self.narrow_bytes, self.wide_bytes = narrow_bytes, wide_bytes
-        super().__init__({"i": In(BeatStream(narrow_bytes, err=err)),
-                          "o": Out(BeatStream(wide_bytes, err=err))})
+        self.err, self.conns = err, conns
+        super().__init__({"i": In(BeatStream(narrow_bytes, err=err, conns=conns)),
+                          "o": Out(BeatStream(wide_bytes, err=err, conns=conns))})
 
     def elaborate(self, platform):
         m = Module()
@@ -81,8 +82,10 @@ class BeatUpsizer(wiring.Component):
                                         if k < ratio - 1 else Const(0, n))
                                     for k in range(ratio))),
                 ]
-                if hasattr(beat, "err"):
+                if self.err:
                     m.d.sync += out.err.eq(beat.err)
+                if self.conns is not None:
+                    m.d.sync += out.conn.eq(beat.conn)
             with m.Else():
                 m.d.sync += slot.eq(add(slot, 1))
         return m

@@ -31,9 +31,9 @@ from iwarp_nic.ddp.segment import HEAD_BYTES, SegmentParser
 from iwarp_nic.errors import TerminateCode
 from iwarp_tb import toolchain
 from iwarp_tb.amsim import run
-from iwarp_tb.beats import Packet
+from iwarp_tb.beats import Packet, to_beats
 from iwarp_tb.lint import lint
-from iwarp_tb.streams import AmaranthBus, StreamPort, recv, recv_packets, send_packets
+from iwarp_tb.streams import AmaranthBus, StreamPort, recv, recv_packets, send, send_packets
 
 IDLE = STALL = 0.25
 CARRIES = {Opcode.SEND, Opcode.SEND_INVALIDATE, Opcode.SEND_SE, Opcode.SEND_SE_INVALIDATE,
@@ -156,16 +156,29 @@ def expected(ulpdu, err):
     return want, (ulpdu[count - 2:] if has_payload else None)
 
 
-def simulate(n, packets, *, seed, idle=IDLE, stall=STALL):
-    dut = SegmentParser(n)
+def simulate(n, packets, *, seed, idle=IDLE, stall=STALL, conns=None):
+    """Parse ``packets``; with ``conns``, each from a random one of that many connections,
+    whose number its header must carry."""
+    dut = SegmentParser(n, conns=conns)
     wants = [expected(bytes(p), p.err) for p in packets]
     payloads = [p for _, p in wants if p is not None]
+    owners = [random.Random(seed + k).randrange(conns) if conns else None
+              for k in range(len(packets))]
+    for (want, _), owner in zip(wants, owners):
+        if conns:
+            want["conn"] = owner
     got = {}
 
     async def source(ctx):
         framed = [Packet(len(p).to_bytes(2, "big") + bytes(p), err=p.err) for p in packets]
-        await send_packets(AmaranthBus(ctx), StreamPort.amaranth(dut.i), framed, n,
-                           rng=random.Random(seed), idle=idle)
+        if conns:
+            beats = ({**beat._asdict(), "conn": owner} for packet, owner in zip(framed, owners)
+                     for beat in to_beats(packet, n))
+            await send(AmaranthBus(ctx), StreamPort.amaranth(dut.i), beats,
+                       rng=random.Random(seed), idle=idle)
+        else:
+            await send_packets(AmaranthBus(ctx), StreamPort.amaranth(dut.i), framed, n,
+                               rng=random.Random(seed), idle=idle)
 
     async def headers(ctx):
         got["headers"] = await recv(AmaranthBus(ctx), StreamPort.amaranth(dut.o_header),
@@ -199,6 +212,15 @@ def test_against_model(n):
              ErrorCode.DDP_UNTAGGED_INVALID_MO}
     assert seen >= {c.value[0] << 12 | c.value[1] << 8 | c.value[2] for c in codes}
     assert sum(w.get("ok") == 1 for w, _ in wants) > 100
+
+
+@pytest.mark.parametrize("n", [1, 8, 64])
+def test_connections(n):
+    """Packets of 16 connections interleaved: each header as the model says, naming its own
+    packet's connection; the payloads in the headers' order."""
+    rng = random.Random(30 + n)
+    packets = [Packet(s, err=rng.random() < 0.03) for s in segments(rng, 150)]
+    simulate(n, packets, seed=n, conns=16)
 
 
 @pytest.mark.parametrize("n", [8, 64])

@@ -36,11 +36,12 @@ from ..errors import TerminateCode
 from ..exact import add, eq, gt, is_zero, lt, one_of, select, sub, wire, wrap_add
 from ..headers import ATOMIC_REQUEST, DDP_TAGGED, DDP_UNTAGGED
 from ..stream import BeatStream, check_data_bytes, keep_count
+from ..tcp.layouts import conn_bits
 from ..trim import HeadTrim
 from ..width import BeatDownsizer, BeatUpsizer
 
 __all__ = ["HEAD_BYTES", "QUEUE", "TAGGED_OPCODES", "INVALIDATE_OPCODES", "SegmentHeader",
-           "SegmentParser"]
+           "TaggedSegmentHeader", "SegmentParser"]
 
 _LENGTH_FIELD = 2                   # the MPA ULPDU_Length octets ahead of each ULPDU
 #: Octets of each ULPDU the parser keeps: an untagged DDP header and the longest RDMAP header
@@ -77,6 +78,11 @@ SegmentHeader = StructLayout({
     "stag": 32, "to": 64, "qn": 32, "msn": 32, "mo": 32, "inv_stag": 32,
     "length": 16, "ulpdu_length": 16, "has_payload": 1, "head": 8 * HEAD_BYTES,
 })
+
+
+def TaggedSegmentHeader(conns):
+    """:data:`SegmentHeader` and the connection (of ``conns``) whose segment it is."""
+    return StructLayout({**dict(SegmentHeader.members), "conn": conn_bits(conns)})
 
 
 def _trim_count(t, opcode):
@@ -116,13 +122,21 @@ class SegmentParser(wiring.Component):
 
     Bad input: any octets give a header per packet and never hang the parser; a packet of
     fewer than 3 octets is a segment without a DDP header.
+
+    Several connections (``conns``): ``i`` interleaves the packets of that many connections,
+    each beat naming its own (:class:`~iwarp_nic.mpa.FpduDeframer`'s output with ``conns``);
+    the parser keeps nothing from one packet to the next, and each header
+    (:func:`TaggedSegmentHeader`) names its packet's connection. The payload packets keep the
+    order of their headers.
     """
 
-    def __init__(self, data_bytes):
+    def __init__(self, data_bytes, *, conns=None):
         self.data_bytes = check_data_bytes(data_bytes)
+        self.conns = conns
+        header = SegmentHeader if conns is None else TaggedSegmentHeader(conns)
         super().__init__({
-            "i": In(BeatStream(data_bytes, err=True)),
-            "o_header": Out(stream.Signature(SegmentHeader)),
+            "i": In(BeatStream(data_bytes, err=True, conns=conns)),
+            "o_header": Out(stream.Signature(header)),
             "o_payload": Out(BeatStream(data_bytes)),
         })
 
@@ -130,8 +144,8 @@ class SegmentParser(wiring.Component):
         m = Module()
         n = self.data_bytes
         if n < _CORE_BYTES:
-            m.submodules.widen = widen = BeatUpsizer(n, _CORE_BYTES, err=True)
-            m.submodules.core = core = SegmentParser(_CORE_BYTES)
+            m.submodules.widen = widen = BeatUpsizer(n, _CORE_BYTES, err=True, conns=self.conns)
+            m.submodules.core = core = SegmentParser(_CORE_BYTES, conns=self.conns)
             m.submodules.narrow = narrow = BeatDownsizer(_CORE_BYTES, n)
             wiring.connect(m, wiring.flipped(self.i), widen.i)
             wiring.connect(m, widen.o, core.i)
@@ -165,6 +179,8 @@ class SegmentParser(wiring.Component):
         total = Signal(_COUNT_BITS)         # octets of the packet, ULPDU_Length field included
         snap_err = Signal()
         snap_valid = Signal()
+        tagged = self.conns is not None
+        snap_conn = Signal(conn_bits(self.conns)) if tagged else None
         out_free = ~out.valid | out.ready
         room = wire(m, ~snap_valid | out_free, "room")
 
@@ -191,6 +207,8 @@ class SegmentParser(wiring.Component):
                              snap.eq(merged),
                              total.eq(wrap_add(m, octets, in_last, _COUNT_BITS, "octets_all")),
                              snap_err.eq(beat.err), snap_valid.eq(1)]
+                if tagged:
+                    m.d.sync += snap_conn.eq(beat.conn)
             with m.Else():
                 m.d.sync += [held.eq(merged), octets.eq(add(octets, n)[:_COUNT_BITS])]
                 with m.If(lt(index, beats)):
@@ -254,4 +272,6 @@ class SegmentParser(wiring.Component):
                 p.has_payload.eq(count < total),
                 p.head.eq(head),
             ]
+            if tagged:
+                m.d.sync += p.conn.eq(snap_conn)
         return m
