@@ -164,8 +164,8 @@ def simulate(n, packets, *, seed, idle=IDLE, stall=STALL, conns=None):
     payloads = [p for _, p in wants if p is not None]
     owners = [random.Random(seed + k).randrange(conns) if conns else None
               for k in range(len(packets))]
-    for (want, _), owner in zip(wants, owners):
-        if conns:
+    if conns:
+        for (want, _), owner in zip(wants, owners):
             want["conn"] = owner
     got = {}
 

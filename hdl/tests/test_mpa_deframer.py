@@ -37,7 +37,7 @@ from iwarp_nic.mpa import ErrorKind, FpduDeframer, FpduFramer, ReleaseKind
 from iwarp_nic.mpa.gather import max_frame_ulpdu
 from iwarp_tb import toolchain
 from iwarp_tb.amsim import run
-from iwarp_tb.beats import Beat, from_beats
+from iwarp_tb.beats import from_tagged_beats
 from iwarp_tb.lint import lint
 from iwarp_tb.streams import AmaranthBus, StreamPort, recv, recv_packets, send, send_packets
 from iwarp_tb.tshark import check_fpdus
@@ -423,14 +423,7 @@ def simulate_pieces(n, pieces, *, seed, idle=IDLE, stall=STALL):
         bus, port = AmaranthBus(ctx), StreamPort.amaranth(dut.o)
         beats = await recv(bus, port, expected, packets=True, rng=random.Random(seed + 2),
                            stall=stall, timeout=20000)
-        packets = from_beats((Beat(t["data"], t["keep"], t["last"], t["err"]) for t in beats), n)
-        conns, current = [], set()
-        for t in beats:
-            current.add(t["conn"])
-            if t["last"]:
-                assert len(current) == 1, "a packet's beats name different connections"
-                conns.append(current.pop())
-        got["packets"] = [(c, bytes(p), p.err) for c, p in zip(conns, packets)]
+        got["packets"] = [(c, bytes(p), p.err) for c, p in from_tagged_beats(beats, n)]
         got["extra"] = await trailing_packets(ctx, dut, done)
 
     run(dut, headers, source, sink,

@@ -24,7 +24,7 @@ from iwarp_model.wire.mpa import MpaFrame
 from iwarp_nic.mpa import ErrorKind, MpaReceiver
 from iwarp_nic.mpa.gather import FrameGather, GatherOp, ReleaseKind, max_frame_ulpdu
 from iwarp_tb.amsim import run
-from iwarp_tb.beats import Beat, from_beats
+from iwarp_tb.beats import from_tagged_beats
 from iwarp_tb.streams import (
     AmaranthBus,
     StreamPort,
@@ -374,10 +374,7 @@ def test_receiver(n):
         while True:
             beats = await recv(bus, StreamPort.amaranth(dut.o), 1, packets=True, rng=rng,
                                stall=STALL, timeout=10**9)
-            [packet] = from_beats((Beat(t["data"], t["keep"], t["last"], t["err"])
-                                   for t in beats), n)
-            assert len({t["conn"] for t in beats}) == 1, "a packet of several connections"
-            packets.append((beats[0]["conn"], packet))
+            packets.extend(from_tagged_beats(beats, n))
 
     async def errors(ctx):
         bus = AmaranthBus(ctx)

@@ -9,7 +9,8 @@ on the last beat of a bad packet.
 from collections.abc import Iterable
 from typing import NamedTuple
 
-__all__ = ["Beat", "Packet", "Columns", "to_beats", "to_columns", "from_beats", "check_beat"]
+__all__ = ["Beat", "Packet", "Columns", "to_beats", "to_columns", "from_beats",
+           "from_tagged_beats", "check_beat"]
 
 
 class Beat(NamedTuple):
@@ -76,6 +77,23 @@ def from_beats(beats: Iterable[Beat], data_bytes: int) -> list[Packet]:
     if current:
         raise AssertionError(f"stream ended inside a packet ({len(current)} bytes without last)")
     return packets
+
+
+def from_tagged_beats(transfers: Iterable[dict], data_bytes: int) -> list[tuple[int, Packet]]:
+    """Reassemble the transfers of a stream that interleaves connections' packets (each a dict
+    of ``data``, ``keep``, ``last``, ``conn`` and maybe ``err``) into ``(conn, packet)`` pairs,
+    checking the stream rules and that all beats of a packet name one connection."""
+    transfers = list(transfers)
+    packets = from_beats((Beat(t["data"], t["keep"], t["last"], t.get("err", 0))
+                          for t in transfers), data_bytes)
+    conns, current = [], set()
+    for t in transfers:
+        current.add(t["conn"])
+        if t["last"]:
+            if len(current) != 1:
+                raise AssertionError(f"a packet's beats name connections {sorted(current)}")
+            conns.append(current.pop())
+    return list(zip(conns, packets))
 
 
 class Columns(NamedTuple):

@@ -475,11 +475,11 @@ def _receiver_train(width, conns, count, startup, chunks):
     from iwarp_nic.mpa import GatherOp, MpaReceiver
 
     from .amsim import run
-    from .beats import Beat, from_beats
+    from .beats import from_tagged_beats
     from .streams import AmaranthBus, StreamPort, recv, send, send_packets
 
     dut = MpaReceiver(width, conns=conns, ring_bytes=16384)
-    seen = {"startups": 0, "beats": {c: [] for c in range(conns)}, "first": None, "last": 0}
+    seen = {"startups": 0, "beats": [], "first": None, "last": 0}
 
     async def host(ctx):
         bus = AmaranthBus(ctx)
@@ -510,8 +510,7 @@ def _receiver_train(width, conns, count, startup, chunks):
         ends = 0
         while ends < conns * count:
             [beat] = await recv(bus, StreamPort.amaranth(dut.o), 1, timeout=10_000)
-            seen["beats"][beat["conn"]].append(Beat(beat["data"], beat["keep"], beat["last"],
-                                                    beat["err"]))
+            seen["beats"].append(beat)
             ends += beat["last"]
 
     async def watch(ctx):
@@ -525,8 +524,10 @@ def _receiver_train(width, conns, count, startup, chunks):
             cycle += 1
 
     run(dut, host, drain, monitors=[startups, watch], name=f"bench_receiver_w{width}")
-    return seen["first"], seen["last"], {c: [bytes(p) for p in from_beats(b, width)]
-                                         for c, b in seen["beats"].items()}
+    packets = {c: [] for c in range(conns)}
+    for conn, packet in from_tagged_beats(seen["beats"], width):
+        packets[conn].append(bytes(packet))
+    return seen["first"], seen["last"], packets
 
 
 def mpa_receiver():

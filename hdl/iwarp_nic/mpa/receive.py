@@ -48,7 +48,7 @@ class MpaReceiver(wiring.Component):
     with a length error.
 
     Throughput: the gather's (one beat per cycle within a chunk, and two to four cycles
-    between chunks), while the deframer adds about two cycles per piece between the pieces.
+    between chunks), while the deframer adds about four cycles per piece between the pieces.
     Latency: the gather's (a chunk's frames leave once the chunk is in) plus the deframer's.
     Back-pressure on ``o`` or ``o_error`` holds back FPDU pieces, on ``o_startup`` the startup
     pieces, and either, once the gather's ring fills, every connection's chunks.
