@@ -41,6 +41,7 @@ def tops():
     from .node import IpNode, TcpNode
     from .rdmap import (
         AtomicExecutor,
+        OutstandingTable,
         RequestIssuer,
         RequestResponder,
         SendScheduler,
@@ -77,6 +78,7 @@ def tops():
         tops[f"iwarp_ddp_segment_w{n}"] = lambda n=n: SegmentParser(n)
         tops[f"iwarp_ddp_segment_c16_w{n}"] = lambda n=n: SegmentParser(n, conns=16)
         tops[f"iwarp_ddp_segment_placer_w{n}"] = lambda n=n: SegmentPlacer(n)
+        tops[f"iwarp_ddp_segment_placer_c16_w{n}"] = lambda n=n: SegmentPlacer(n, conns=16)
         tops[f"iwarp_ddp_receive_w{n}"] = lambda n=n: StreamReceiver(n)
         tops[f"iwarp_ddp_emit_w{n}"] = lambda n=n: SegmentEmitter(n)
         tops[f"iwarp_ddp_send_w{n}"] = lambda n=n: StreamSender(n)
@@ -94,6 +96,7 @@ def tops():
     tops["iwarp_rdmap_request_responder"] = RequestResponder
     tops["iwarp_rdmap_atomic_executor"] = AtomicExecutor
     tops["iwarp_rdmap_request_issuer"] = RequestIssuer
+    tops["iwarp_rdmap_outstanding_c16"] = lambda: OutstandingTable(16)
     tops["iwarp_ddp_rtr_check"] = RtrCheck
     tops["iwarp_ddp_stag_e256"] = lambda: StagTable(256)
     tops["iwarp_ddp_stag_e4096"] = lambda: StagTable(4096)

@@ -18,6 +18,8 @@ violation of queue 0 and of Read and Atomic Responses gets its own case.
 import random
 
 import pytest
+from amaranth import Module
+from amaranth.lib import wiring
 
 from iwarp_model import verbs
 from iwarp_model.engine import Connection, ConnState, Rtr
@@ -26,13 +28,17 @@ from iwarp_model.transport.memory import MemoryPair
 from iwarp_model.wire.fpdu import Framer
 from iwarp_model.wire.rdmap import AtomicResponse, ImmediateData, Opcode, ReadRequest, Segment
 from iwarp_model.wire.terminate import ErrorCode
-from iwarp_nic.ddp.placement import CompletionStatus
+from iwarp_nic.ddp.placement import CompletionStatus, SegmentPlacer
 from iwarp_nic.ddp.receive import StreamReceiver
+from iwarp_nic.ddp.segment import SegmentParser
+from iwarp_nic.ddp.stag import StagTable
 from iwarp_nic.errors import OFFENDING_BYTES, TerminateCode
 from iwarp_nic.mpa import Rtr as HwRtr
+from iwarp_nic.rdmap import OutstandingTable
 from iwarp_tb.amsim import run
+from iwarp_tb.beats import to_beats
 from iwarp_tb.receive import configure
-from iwarp_tb.stags import HostTable
+from iwarp_tb.stags import HostTable, load_table
 from iwarp_tb.streams import (
     AmaranthBus,
     StreamPort,
@@ -47,8 +53,9 @@ IDLE = STALL = 0.2
 RW = Access.LOCAL_WRITE | Access.REMOTE_WRITE
 
 
-def _end(name):
-    dev = verbs.Device(name)
+def _end(name, dev=None):
+    """A QP with its own PD and CQ, on ``dev`` (a new device by default)."""
+    dev = dev or verbs.Device(name)
     pd = dev.alloc_pd()
     cq = dev.create_cq(4096)
     qp = dev.create_qp(pd, cq, cq, max_recv_wr=1024, max_recv_sge=1, max_send_wr=1024,
@@ -59,11 +66,13 @@ def _end(name):
 class Scene:
     """The receiving end: a model device with a buffer region (Local and Remote Write), one
     only for Remote Read, fast-registered regions of its PD and one of another PD, connected
-    to a model peer; and the same regions as the gateware's table sees them."""
+    to a model peer; and the same regions as the gateware's table sees them. Several scenes
+    can share one device (``dev``) and the gateware's view of its table (``host``), each its
+    QP being one connection."""
 
-    def __init__(self, rng, *, crc, markers, rtr=None):
+    def __init__(self, rng, *, crc, markers, rtr=None, dev=None, host=None):
         self.rng = rng
-        self.dev, self.pd, self.cq, self.qp = _end("b")
+        self.dev, self.pd, self.cq, self.qp = _end("b", dev)
         other = self.dev.alloc_pd()
         self.memory = {}
         self.buffer = self._reg(self.pd, 1 << 16, RW)
@@ -71,7 +80,7 @@ class Scene:
         self.fmrs = [self._fast(self.pd, 512) for _ in range(3)]
         self.foreign = self._fast(other, 64)
         self.regions = [self.buffer, self.no_local, *self.fmrs, self.foreign]
-        self.host = HostTable(rng, table=self.dev.mr_table, pds=0)
+        self.host = host or HostTable(rng, table=self.dev.mr_table, pds=0)
         peer_qp = _end("a")[3]
         if rtr is None:
             # This end is the initiator, free to send its Read Requests at once (RFC 5044
@@ -291,15 +300,16 @@ def simulate(n, scene, ulpdus, *, crc, markers, seed, late=False, rtr=HwRtr.NONE
 
 def compare(scene, before, got, wcs, terminate, forwarded):
     """The gateware did what the model did: memory, completions, Terminate."""
-    receives = (verbs.WcOpcode.RECV, verbs.WcOpcode.RECV_RDMA_WITH_IMM)
-    reads = [wc for wc, _ in wcs if wc.opcode not in receives]     # Reads and atomics
-    assert [(r["id"], r["status"]) for r in got["reads"]] == [
-        (wc.wr_id, CompletionStatus(int(wc.status))) for wc in reads]
-    wcs = [(wc, s) for wc, s in wcs if wc.opcode in receives]
-    assert not got["errors"] and len(got["headers"]) == forwarded
-    # Memory: the placements, applied to the regions' host addresses.
-    spans = {stag: (scene.host.host_addr(stag), len(memory))
-             for stag, memory in scene.memory.items()}
+    compare_memory([scene], before, got)
+    compare_events(scene, got, wcs, terminate, forwarded)
+
+
+def compare_memory(scenes, before, got):
+    """The placements, applied to the regions' host addresses as they were ``before``, give
+    the model's memory of every scene; none falls outside the regions."""
+    memory = {stag: octets for scene in scenes for stag, octets in scene.memory.items()}
+    spans = {stag: (scenes[0].host.host_addr(stag), len(octets))
+             for stag, octets in memory.items()}
     after = {stag: bytearray(octets) for stag, octets in before.items()}
     assert len(got["places"]) == len(got["data"])
     for place, data in zip(got["places"], got["data"]):
@@ -309,8 +319,19 @@ def compare(scene, before, got, wcs, terminate, forwarded):
         assert inside, f"placement at {place['addr']:#x}+{len(data)} outside every region"
         offset = place["addr"] - spans[inside[0]][0]
         after[inside[0]][offset:offset + len(data)] = bytes(data)
-    for stag, memory in scene.memory.items():
-        assert after[stag] == memory, f"region {stag:#x} differs from the model's"
+    for stag, octets in memory.items():
+        assert after[stag] == octets, f"region {stag:#x} differs from the model's"
+
+
+def compare_events(scene, got, wcs, terminate, forwarded):
+    """The gateware's ends of Reads, receive completions and Terminate request are the
+    model's ``wcs`` and ``terminate``; ``forwarded`` headers were passed on."""
+    receives = (verbs.WcOpcode.RECV, verbs.WcOpcode.RECV_RDMA_WITH_IMM)
+    reads = [wc for wc, _ in wcs if wc.opcode not in receives]     # Reads and atomics
+    assert [(r["id"], r["status"]) for r in got["reads"]] == [
+        (wc.wr_id, CompletionStatus(int(wc.status))) for wc in reads]
+    wcs = [(wc, s) for wc, s in wcs if wc.opcode in receives]
+    assert not got["errors"] and len(got["headers"]) == forwarded
     # Completions, in order, every field.
     expected = [{"id": wc.wr_id, "status": CompletionStatus(int(wc.status)),
                  "byte_len": wc.byte_len,
@@ -333,7 +354,6 @@ def compare(scene, before, got, wcs, terminate, forwarded):
         assert fault["offending_length"] == terminate.ddp_segment_length
         head = int.to_bytes(fault["offending"], OFFENDING_BYTES, "little")
         assert head[:len(terminate.ddp_header)] == terminate.ddp_header
-    return
 
 
 QUEUE_0 = [Opcode.SEND, Opcode.SEND_SE, Opcode.IMMEDIATE_DATA, Opcode.IMMEDIATE_DATA_SE]
@@ -562,3 +582,174 @@ def test_rtr(n, case):
         assert terminate is None and started and len(wcs) == 3
     else:
         assert terminate.code == ErrorCode.MPA_NO_MATCHING_RTR and not started and not wcs
+
+
+class Connections(wiring.Component):
+    """The several-connection segment parser, placer, STag table and table of outstanding
+    Reads, as in the receive path above ``MpaReceiver``: the placer's receives are the
+    testbench's, and so are the outstanding Reads' pushes (the requester's)."""
+
+    def __init__(self, n, conns):
+        self.parser = SegmentParser(n, conns=conns)
+        self.placer = SegmentPlacer(n, conns=conns, fifo_beats=8192 // n)
+        self.table = StagTable(64)
+        self.outstanding = OutstandingTable(conns)
+        super().__init__({})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.parser, m.submodules.placer = self.parser, self.placer
+        m.submodules.table, m.submodules.outstanding = self.table, self.outstanding
+        placer, table, outstanding = self.placer, self.table, self.outstanding
+        wiring.connect(m, placer.o_ask_oldest, outstanding.i_ask)
+        wiring.connect(m, outstanding.o_oldest, placer.i_oldest)
+        wiring.connect(m, placer.o_retire, outstanding.i_retire)
+        wiring.connect(m, self.parser.o_header, placer.i_header)
+        wiring.connect(m, self.parser.o_payload, placer.i_payload)
+        wiring.connect(m, placer.o_lookup, table.i_check)
+        wiring.connect(m, table.o_check, placer.i_lookup)
+        wiring.connect(m, placer.o_invalidate, table.i_invalidate)
+        wiring.connect(m, table.o_invalidate, placer.i_invalidate)
+        return m
+
+
+def interleave(rng, streams):
+    """The ULPDUs of each connection (``streams``: conn -> list), their order kept, taken one
+    to three at a time from a random connection."""
+    left = {conn: list(ulpdus) for conn, ulpdus in streams.items() if ulpdus}
+    out = []
+    while left:
+        conn = rng.choice(sorted(left))
+        for _ in range(rng.randint(1, 3)):
+            if left[conn]:
+                out.append((conn, left[conn].pop(0)))
+        if not left[conn]:
+            del left[conn]
+    return out
+
+
+def simulate_connections(n, phases, *, conns, seed):
+    """Run ``phases`` through :class:`Connections` and compare each connection with its own
+    model engine. A phase maps connections to (scene, ULPDUs, Send RTR); each of its
+    connections is opened afresh (``i_open``; its outstanding Reads cleared, then pushed as the
+    requester would have as it sent them), then their segments go in interleaved, and the
+    phase ends when every output has been quiet a while. With the Send RTR (RFC 6581), the
+    scene's model has had it already and the placer is told with ``i_open`` (the RTR is
+    checked before the placer). All scenes share one device and table."""
+    rng = random.Random(seed)
+    scenes = [scene for phase in phases for scene, _, _ in phase.values()]
+    before = {stag: bytes(octets) for scene in scenes for stag, octets in scene.memory.items()}
+    host = scenes[0].host
+    writes = [host.write(r) for scene in scenes for r in scene.regions]
+    models = [{conn: scene.model(ulpdus) for conn, (scene, ulpdus, _) in phase.items()}
+              for phase in phases]
+    dut = Connections(n, conns)
+    placer = dut.placer
+    got, offers = {}, {}
+    outputs = [placer.o_place, placer.o_data, placer.o_complete, placer.o_read_done,
+               placer.o_fault, placer.o_header, placer.o_payload]
+
+    async def source(ctx):
+        bus = AmaranthBus(ctx)
+        await load_table(ctx, dut.table.i_write, writes)
+        for k, phase in enumerate(phases):
+            for conn, (scene, _, _) in phase.items():
+                offers[conn] = list(scene.receives)
+            await send(bus, StreamPort.amaranth(placer.i_open),
+                       [{"conn": conn, "pd": scene.pd.handle, "send_rtr": int(send_rtr)}
+                        for conn, (scene, _, send_rtr) in phase.items()])
+            await send(bus, StreamPort.amaranth(dut.outstanding.i_clear),
+                       [{"conn": conn} for conn in phase])
+            await send(bus, StreamPort.amaranth(dut.outstanding.i_push),
+                       [{**read, "conn": conn} for conn, (scene, _, _) in phase.items()
+                        for read in scene.outstanding])
+            order = interleave(rng, {conn: ulpdus for conn, (_, ulpdus, _) in phase.items()})
+            beats = ({**beat._asdict(), "conn": conn} for conn, ulpdu in order
+                     for beat in to_beats(len(ulpdu).to_bytes(2, "big") + ulpdu, n, err=False))
+            await send(bus, StreamPort.amaranth(dut.parser.i), beats,
+                       rng=random.Random(seed + k), idle=IDLE)
+            await until_quiet(ctx, outputs, 500)
+        got["done"] = True
+
+    async def receives(ctx):
+        """Each question for a connection's next receive answered after a random delay."""
+        ask = placer.o_ask_receive
+        while True:
+            ctx.set(ask.ready, 1)
+            _, _, valid, conn = await ctx.tick().sample(ask.valid, ask.payload.conn)
+            if valid:
+                ctx.set(ask.ready, 0)
+                offer = offers[conn].pop(0) if offers[conn] else None
+                for _ in range(rng.randrange(8)):
+                    await ctx.tick()
+                await send(AmaranthBus(ctx), StreamPort.amaranth(placer.i_receive),
+                           [{**(offer or {}), "posted": int(bool(offer))}], timeout=1 << 30)
+
+    def monitor(key, port, offset, packets=False):
+        return collector(got, key, port, data_bytes=n if packets else None,
+                         rng=random.Random(seed + offset), stall=STALL)
+
+    monitors = [monitor("places", placer.o_place, 2), monitor("data", placer.o_data, 3, True),
+                monitor("completions", placer.o_complete, 4),
+                monitor("reads", placer.o_read_done, 8), monitor("faults", placer.o_fault, 5),
+                monitor("headers", placer.o_header, 6),
+                monitor("payloads", placer.o_payload, 7, True)]
+    run(dut, source, monitors=[receives, *monitors], name=f"ddp_contexts_w{n}")
+    assert got.get("done")
+    compare_memory(scenes, before, got)
+    # Each phase's events of a connection are those after the phase's earlier ones.
+    seen = {key: {} for key in ("completions", "reads", "faults", "headers")}
+    for phase, results in zip(phases, models):
+        for conn, (scene, _, _) in phase.items():
+            mine = {}
+            for key, taken in seen.items():
+                events = [e for e in got[key] if e["conn"] == conn]
+                start = taken.get(conn, 0)
+                mine[key] = events[start:start + _count(key, *results[conn])]
+                taken[conn] = start + len(mine[key])
+            compare_events(scene, {**mine, "errors": []}, *results[conn], 0)
+    for key, taken in seen.items():
+        assert sum(taken.values()) == len(got[key]), f"{key}: events the model has not"
+    return models
+
+
+def _count(key, wcs, terminate):
+    """How many events of ``key`` the model's results ``wcs``, ``terminate`` stand for."""
+    receives = (verbs.WcOpcode.RECV, verbs.WcOpcode.RECV_RDMA_WITH_IMM)
+    return {"completions": sum(wc.opcode in receives for wc, _ in wcs),
+            "reads": sum(wc.opcode not in receives for wc, _ in wcs),
+            "faults": int(terminate is not None), "headers": 0}[key]
+
+
+@pytest.mark.parametrize("n", [1, 8, 64])
+def test_connections(n):
+    """Four connections' traffic interleaved segment by segment through the several-connection
+    placer, each against its own model engine: two fail (a queue 0 and a Read Response
+    violation) and the others carry on untouched, one of them a peer-to-peer Responder whose
+    Send RTR used MSN 1; then a failed connection's slot is opened afresh for a new stream,
+    which must start from MSN 1 with nothing of the old one."""
+    rng = random.Random(40 + n)
+    dev = verbs.Device("b")
+    host = HostTable(rng, table=dev.mr_table, pds=0)
+
+    def scene(rtr=None):
+        return Scene(rng, crc=True, markers=False, rtr=rtr, dev=dev, host=host)
+
+    count = 3 if n == 1 else 8
+    first = {conn: scene() for conn in (0, 5, 9)}
+    first[15] = scene(Rtr.SEND)
+    first[15].model([Segment(Opcode.SEND, b"", msn=1).encode()])    # its Send RTR
+    first[15].msn = 2
+    streams = {conn: traffic(s, count, longest=1500) for conn, s in first.items()}
+    for conn, kind in ((5, rng.choice(VIOLATIONS[:12])), (9, rng.choice(VIOLATIONS[12:]))):
+        bad, _ = _violation(kind, first[conn])
+        streams[conn] += bad + [first[conn].write(rng.randrange(1, 300))]
+    again = scene()
+    phases = [{conn: (s, streams[conn], conn == 15) for conn, s in first.items()},
+              {5: (again, traffic(again, count, longest=1500), False)}]
+    models = simulate_connections(n, phases, conns=16, seed=n)
+    terminates = {conn: t for conn, (_, t) in models[0].items()}
+    assert [conn for conn, t in terminates.items() if t is not None] == [5, 9]
+    assert len(models[0][15][0]) == len(first[15].receives) + len(first[15].outstanding)
+    assert models[1][5][1] is None and len(models[1][5][0]) == len(again.receives) + len(
+        again.outstanding)

@@ -32,6 +32,7 @@ from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import enum, stream, wiring
 from amaranth.lib.data import StructLayout
 from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from ..errors import OFFENDING_BYTES, TerminateCode, Violation
@@ -52,11 +53,13 @@ from ..exact import (
 from ..fifo import PacketFifo
 from ..headers import ATOMIC_RESPONSE, DDP_UNTAGGED
 from ..stream import BeatLayout, BeatStream, SkidBuffer, check_data_bytes
+from ..tcp.layouts import conn_bits, with_conn, without_conn
 from .segment import INVALIDATE_OPCODES, QUEUE, SegmentHeader
 from .stag import Access, Fault, InvalidateRequest, LookupRequest, LookupResult
 
 __all__ = ["PlaceRequest", "PostedReceive", "CompletionStatus", "ReceiveCompletion",
-           "OutstandingRead", "ReadDone", "SegmentPlacer"]
+           "OutstandingRead", "ReadDone", "OpenContext", "ConnRef", "ReceiveOffer", "OldestRead",
+           "SegmentPlacer"]
 
 _WRITE, _READ_RESPONSE, _ATOMIC_RESPONSE = 0, 2, 11
 _ATOMIC_BYTES = 8
@@ -101,6 +104,46 @@ OutstandingRead = StructLayout({"atomic": 1, "complete": 1, "id": 16, "stag": 32
 #: A Read or atomic is done: its Read Response or original value placed (``SUCCESS``), or its
 #: sink failed the Local Write check (``LOC_PROT_ERR``, the stream ends).
 ReadDone = StructLayout({"id": 16, "status": CompletionStatus})
+
+
+def OpenContext(conns, pd_bits):
+    """Several connections: connection ``conn``'s context made afresh, as a new stream takes its
+    slot: the stream's protection domain, and ``send_rtr`` when the peer's Send RTR (RFC 6581
+    section 7) used queue 0's MSN 1."""
+    return StructLayout({"conn": conn_bits(conns), "pd": pd_bits, "send_rtr": 1})
+
+
+def ConnRef(conns):
+    """Several connections: a question about connection ``conn``, or what it has finished."""
+    return StructLayout({"conn": conn_bits(conns)})
+
+
+#: Several connections: the answer to a question for a connection's next posted receive: the
+#: receive with ``posted``, or ``posted`` 0 when the connection has none posted (the message
+#: is then refused, as with ``i_receive`` empty and no ``receive_pending`` for one stream).
+ReceiveOffer = StructLayout({**dict(PostedReceive.members), "posted": 1})
+
+#: Several connections: the answer to a question for a connection's oldest outstanding Read or
+#: atomic: it, with ``present``, or ``present`` 0 when there is none.
+OldestRead = StructLayout({**dict(OutstandingRead.members), "present": 1})
+
+
+def _Context(pd_bits, conns):
+    """A stream's running state: queue 0's and queue 3's next MSNs, ``dead``; the message being
+    received (its receive, octets so far, free room, next host address); the progress of the
+    oldest Read Response (``fresh``, or its next TO and octets still to come). With several
+    connections also the oldest outstanding Read (``head``, held once known and until it is
+    retired) and the protection domain: one block-RAM word per connection."""
+    fields = {"msn": 32, "msn_3": 32, "dead": 1,
+              "active": 1, "receive": PostedReceive, "received": 32, "room": 32,
+              "next_addr": 64, "fresh": 1, "expect_to": 64, "room_read": 32}
+    if conns is not None:
+        fields.update({"head": OutstandingRead, "head_valid": 1, "pd": pd_bits})
+    return StructLayout(fields)
+
+
+#: The state of a stream that has received nothing: both MSNs 1, no Read Response begun.
+_FRESH = {"msn": 1, "msn_3": 1, "fresh": 1}
 
 #: What the placer does with a segment: ``packet`` says a payload packet belongs to it, which
 #: is placed at ``addr`` (``place``), forwarded (``forward``) or dropped; with ``inline``
@@ -203,39 +246,87 @@ class SegmentPlacer(wiring.Component):
     on any output holds the stages behind it; the FIFO then stalls ``i_payload``. A payload
     packet longer than ``fifo_beats`` would never fit: the deframer's ``max_ulpdu`` must keep
     segments below it.
+
+    Several connections (``conns``)
+    -------------------------------
+    The headers are the several-connection parser's (:func:`~.segment.TaggedSegmentHeader`),
+    each naming its connection; the payloads keep their order. Each connection's state (a
+    :func:`_Context`, 631 bits with its oldest Read and PD) is a word of a block RAM of
+    ``conns`` words; the placer holds one in registers. A header of another connection costs two
+    cycles: the held word is written back and the connection's word read. A train of one
+    connection's segments costs nothing. The ports that differ from one stream's:
+
+    i_open : In(stream.Signature(OpenContext(conns, pd_bits)))
+        A connection's context made afresh (its PD, its Send RTR), before its first segment;
+        it replaces ``pd`` and ``send_rtr``. Taken between segments.
+    o_ask_receive, i_receive : Out(stream.Signature(ConnRef(conns))),
+                               In(stream.Signature(ReceiveOffer))
+        For a message's first segment, the connection's next posted receive is asked for and
+        waited on; the answer is the receive, or none posted (then the message is refused).
+        This replaces ``receive_pending``: the answer comes only once it is known.
+    o_ask_oldest, i_oldest, o_retire : Out(stream.Signature(ConnRef(conns))),
+                                       In(stream.Signature(OldestRead)),
+                                       Out(stream.Signature(ConnRef(conns)))
+        A Read or Atomic Response of a connection whose oldest outstanding request is not
+        known asks for it (a few cycles, once per request, since an entry stays the oldest
+        until it is retired); ``o_retire`` says the oldest is done, and is taken before the
+        next question. These replace ``i_outstanding``.
+    o_complete, o_read_done, o_fault, o_header :
+        As for one stream, each with the ``conn`` it is about (:func:`with_conn`).
+
+    ``dead`` is then each connection's own, in its context: a connection that failed places
+    nothing more while the others go on, until ``i_open`` makes its context afresh.
     """
 
-    def __init__(self, data_bytes, *, pd_bits=16, fifo_beats=512):
+    def __init__(self, data_bytes, *, pd_bits=16, fifo_beats=512, conns=None):
         self.data_bytes = check_data_bytes(data_bytes)
         self.pd_bits = pd_bits
         self.fifo_beats = fifo_beats
-        super().__init__({
-            "i_header": In(stream.Signature(SegmentHeader)),
+        self.conns = conns
+        ports = {
+            "i_header": In(stream.Signature(with_conn(SegmentHeader, conns))),
             "i_payload": In(BeatStream(data_bytes)),
-            "pd": In(pd_bits),
-            "i_receive": In(stream.Signature(PostedReceive)),
-            "receive_pending": In(1),
-            "send_rtr": In(1),
-            "i_outstanding": In(stream.Signature(OutstandingRead)),
+        }
+        if conns is None:
+            ports.update({
+                "pd": In(pd_bits),
+                "i_receive": In(stream.Signature(PostedReceive)),
+                "receive_pending": In(1),
+                "send_rtr": In(1),
+                "i_outstanding": In(stream.Signature(OutstandingRead)),
+            })
+        else:
+            ports.update({
+                "i_open": In(stream.Signature(OpenContext(conns, pd_bits))),
+                "o_ask_receive": Out(stream.Signature(ConnRef(conns))),
+                "i_receive": In(stream.Signature(ReceiveOffer)),
+                "o_ask_oldest": Out(stream.Signature(ConnRef(conns))),
+                "i_oldest": In(stream.Signature(OldestRead)),
+                "o_retire": Out(stream.Signature(ConnRef(conns))),
+            })
+        ports.update({
             "o_lookup": Out(stream.Signature(LookupRequest(pd_bits))),
             "i_lookup": In(stream.Signature(LookupResult)),
             "o_invalidate": Out(stream.Signature(InvalidateRequest(pd_bits))),
             "i_invalidate": In(stream.Signature(LookupResult)),
             "o_place": Out(stream.Signature(PlaceRequest)),
             "o_data": Out(BeatStream(data_bytes)),
-            "o_complete": Out(stream.Signature(ReceiveCompletion)),
-            "o_read_done": Out(stream.Signature(ReadDone)),
-            "o_fault": Out(stream.Signature(Violation)),
-            "o_header": Out(stream.Signature(SegmentHeader)),
+            "o_complete": Out(stream.Signature(with_conn(ReceiveCompletion, conns))),
+            "o_read_done": Out(stream.Signature(with_conn(ReadDone, conns))),
+            "o_fault": Out(stream.Signature(with_conn(Violation, conns))),
+            "o_header": Out(stream.Signature(with_conn(SegmentHeader, conns))),
             "o_payload": Out(BeatStream(data_bytes)),
-            "dead": Out(1),
         })
+        if conns is None:
+            ports["dead"] = Out(1)
+        super().__init__(ports)
 
     def elaborate(self, platform):
         m = Module()
         m.submodules.fifo = fifo = PacketFifo(self.data_bytes, self.fifo_beats,
                                               overflow="stall")
-        m.submodules.routes = routes = SyncFIFOBuffered(width=_Route.size, depth=3)
+        m.submodules.routes = routes = SyncFIFOBuffered(
+            width=with_conn(_Route, self.conns).size, depth=3)
         m.d.comb += [
             fifo.i.payload.data.eq(self.i_payload.payload.data),
             fifo.i.payload.keep.eq(self.i_payload.payload.keep),
@@ -252,30 +343,35 @@ class SegmentPlacer(wiring.Component):
 
     def _decide(self, m, routes):
         """Stage 1: each header in turn, checked (and looked up), into a route."""
-        hdr = Signal(SegmentHeader)
+        tagged = self.conns is not None
+        hdr = Signal(with_conn(SegmentHeader, self.conns))
         addr = Signal(64)
         lookup, result, fault = self.o_lookup, self.i_lookup, self.o_fault
         inval, inval_result = self.o_invalidate, self.i_invalidate
 
+        # The stream's state (the held connection's), a _Context.
+        ctx = Signal(_Context(self.pd_bits, self.conns), init=_FRESH)
         # Queue 0: the next MSN, and the message being received.
-        msn = Signal(32, init=1)
-        active = Signal()
-        receive = Signal(PostedReceive)
-        received = Signal(32)           # octets of the message so far: the next MO
-        room = Signal(32)               # octets of the buffer still free
-        next_addr = Signal(64)          # host address of the next octet of the message
+        msn, active, receive = ctx.msn, ctx.active, ctx.receive
+        received = ctx.received         # octets of the message so far: the next MO
+        room = ctx.room                 # octets of the buffer still free
+        next_addr = ctx.next_addr       # host address of the next octet of the message
         end = wire(m, wrap_add(m, received, hdr.length, 32, "end_sum"), "end")
 
         # Read Responses: the oldest outstanding Read, and what is left of it.
-        head = self.i_outstanding.payload
-        fresh = Signal(init=1)          # nothing of it has arrived yet
-        expect_to = Signal(64)          # with ~fresh: the TO of its next octet
-        room_read = Signal(32)          # with ~fresh: its octets still to come
+        fresh = ctx.fresh               # nothing of it has arrived yet
+        expect_to = ctx.expect_to       # with ~fresh: the TO of its next octet
+        room_read = ctx.room_read       # with ~fresh: its octets still to come
+        msn_3, dead = ctx.msn_3, ctx.dead   # the next MSN on queue 3; the stream has failed
+        if tagged:
+            head, head_valid, pd = ctx.head, ctx.head_valid, ctx.pd
+        else:
+            head, head_valid, pd = self.i_outstanding.payload, self.i_outstanding.valid, self.pd
+            m.d.comb += self.dead.eq(dead)
 
         rdmap_header = DDP_UNTAGGED.length
         answer = ATOMIC_RESPONSE.unpack(
             hdr.head[8 * rdmap_header:8 * (rdmap_header + ATOMIC_RESPONSE.length)])
-        msn_3 = Signal(32, init=1)          # the next MSN on queue 3
         # Immediate Data's 8 octets, big-endian, after the untagged header.
         imm_data = Cat(hdr.head.word_select(DDP_UNTAGGED.length + 7 - k, 8) for k in range(8))
 
@@ -306,7 +402,7 @@ class SegmentPlacer(wiring.Component):
         incoming_length = widened(m, incoming.length, 32, "in_length_32")
         checks = {
             "msn_0": same(incoming.msn, msn), "msn_3": same(incoming.msn, msn_3),
-            "mo": same(incoming.mo, received), "head": self.i_outstanding.valid,
+            "mo": same(incoming.mo, received), "head": head_valid,
             "stag": same(incoming.stag, head.stag),
             "to": same(incoming.to, Mux(fresh, head.to, expect_to)),
             "fits": incoming_length <= left,
@@ -323,18 +419,19 @@ class SegmentPlacer(wiring.Component):
             "solicited": one_of(incoming.opcode, _SOLICITED),
         }
         ok = {name: Signal(name=f"check_{name}") for name in checks}
-        good_write = ok["write"] & ~self.dead
-        read_response = ok["read_response"] & ~self.dead
-        atomic_response = ok["atomic_response"] & ~self.dead
-        queue_0 = ok["queue_0"] & ~self.dead
+        good_write = ok["write"] & ~dead
+        read_response = ok["read_response"] & ~dead
+        atomic_response = ok["atomic_response"] & ~dead
+        queue_0 = ok["queue_0"] & ~dead
         immediate, invalidate = ok["immediate"], ok["invalidate"]
         # The route of the segment decided last, written into the route queue a cycle later.
-        decided, decided_valid = Signal(_Route), Signal()
+        decided, decided_valid = Signal(with_conn(_Route, self.conns)), Signal()
         m.d.comb += [routes.w_en.eq(decided_valid), routes.w_data.eq(decided)]
         m.d.sync += decided_valid.eq(0)
         room_for_route = routes.w_rdy & ~decided_valid
 
-        for port in (lookup, inval, fault, self.o_header):
+        asks = (self.o_ask_receive, self.o_ask_oldest, self.o_retire) if tagged else ()
+        for port in (lookup, inval, fault, self.o_header, *asks):
             with m.If(port.ready):
                 m.d.sync += port.valid.eq(0)
 
@@ -345,11 +442,13 @@ class SegmentPlacer(wiring.Component):
         copying, copy = Signal(), Signal()
         with m.If(reporting):
             m.d.sync += [copying.eq(1), copy.eq(report_copy), fault.payload.code.eq(report_code),
-                         self.dead.eq(1)]
+                         dead.eq(1)]
         with m.If(copying):
             m.d.sync += [copying.eq(0), fault.valid.eq(1),
                          fault.payload.offending.eq(Mux(copy, hdr.head[:8 * OFFENDING_BYTES], 0)),
                          fault.payload.offending_length.eq(Mux(copy, hdr.ulpdu_length, 0))]
+            if tagged:
+                m.d.sync += fault.payload.conn.eq(hdr.conn)
 
         def report(code, copy=True):
             m.d.comb += [reporting.eq(1), report_code.eq(code), report_copy.eq(copy)]
@@ -364,6 +463,8 @@ class SegmentPlacer(wiring.Component):
             complete = status is not None
             read_done = head.complete if read is not None else 0
             route, c = decided, decided.completion
+            if tagged:
+                m.d.sync += route.conn.eq(hdr.conn)
             m.d.sync += [decided_valid.eq(hdr.has_payload | complete | read_done |
                                           (inline is not None)),
                          route.packet.eq(hdr.has_payload),
@@ -394,24 +495,53 @@ class SegmentPlacer(wiring.Component):
         def ask(stag, to, length, access):
             m.d.comb += [asking.eq(1), asked_for.stag.eq(stag), asked_for.to.eq(to),
                          asked_for.length.eq(length), asked_for.access.eq(access),
-                         asked_for.pd.eq(self.pd)]
+                         asked_for.pd.eq(pd)]
 
         def finish():
             m.d.sync += [active.eq(0), msn.eq(add(msn, 1))]
 
-        with m.If(self.send_rtr):
-            m.d.sync += msn.eq(add(msn, 1))
+        def retire():
+            """The oldest outstanding Read or atomic is done."""
+            if tagged:
+                m.d.sync += [self.o_retire.valid.eq(1), self.o_retire.payload.conn.eq(hdr.conn),
+                             head_valid.eq(0)]
+            else:
+                m.d.comb += self.i_outstanding.ready.eq(1)
 
-        stage = Machine(m, ["TAKE", "DECIDE", "WRITE", "ROUTE", "RESPONSE", "ATOMIC", "BUFFER",
-                            "INVALIDATE", "ACCEPT"], "decide")
+        def take_receive(offer):
+            """``offer`` is the message's receive: its buffer (if any) is looked up."""
+            m.d.sync += [receive[name].eq(offer[name]) for name in PostedReceive.members]
+            with m.If(offer.sges):
+                ask(offer.lkey, offer.addr, offer.length, Access.LOCAL_WRITE)
+            stage.goto("BUFFER")
+
+        states = ["TAKE", "DECIDE", "WRITE", "ROUTE", "RESPONSE", "ATOMIC", "BUFFER",
+                  "INVALIDATE", "ACCEPT"]
+        stage = Machine(m, states + (["LOAD", "OLDEST", "RECEIVE"] if tagged else []), "decide")
         with stage.state("TAKE"):
             # The header and its checks are loaded in every cycle of TAKE (nothing reads them
             # here), so ``valid`` only moves the state and does not enable the wide registers.
-            m.d.comb += self.i_header.ready.eq(1)
             m.d.sync += hdr.eq(self.i_header.payload)
             m.d.sync += [ok[name].eq(check) for name, check in checks.items()]
-            with m.If(self.i_header.valid):
-                stage.goto("DECIDE")
+        if tagged:
+            self._contexts(m, stage, ctx, answered=checks["read_response"] |
+                           checks["atomic_response"])
+            with stage.state("RECEIVE"):
+                m.d.comb += self.i_receive.ready.eq(1)
+                with m.If(self.i_receive.valid):
+                    with m.If(self.i_receive.payload.posted):
+                        take_receive(self.i_receive.payload)
+                    with m.Else():
+                        report(TerminateCode.DDP_UNTAGGED_INVALID_MSN_NO_BUFFER)
+                        push()
+                        stage.goto("TAKE")
+        else:
+            with m.If(self.send_rtr):
+                m.d.sync += msn.eq(add(msn, 1))
+            with stage.state("TAKE"):
+                m.d.comb += self.i_header.ready.eq(1)
+                with m.If(self.i_header.valid):
+                    stage.goto("DECIDE")
         with stage.state("DECIDE"):
             # Outputs of the last segment must have gone before a new one is offered.
             free = room_for_route & ~fault.valid & ~self.o_header.valid & ~lookup.valid
@@ -447,15 +577,15 @@ class SegmentPlacer(wiring.Component):
                         ask(head.stag, head.to, _ATOMIC_BYTES, Access.LOCAL_WRITE)
                         stage.goto("ATOMIC")
                 with m.Elif(queue_0):
-                    self._queue_0(m, stage, hdr=hdr, ok=ok, active=active, receive=receive,
-                                  report=report, push=push, ask=ask)
+                    self._queue_0(m, stage, hdr=hdr, ok=ok, active=active, report=report,
+                                  push=push, take_receive=take_receive)
                 with m.Else():
                     stage.goto("TAKE")
                     with m.If(hdr.fpdu_bad):
-                        m.d.sync += self.dead.eq(1)
-                    with m.Elif(~hdr.ok & ~self.dead):
+                        m.d.sync += dead.eq(1)
+                    with m.Elif(~hdr.ok & ~dead):
                         report(hdr.code)
-                    forward = hdr.ok & ~self.dead & ~eq(hdr.opcode, _WRITE)
+                    forward = hdr.ok & ~dead & ~eq(hdr.opcode, _WRITE)
                     with m.If(forward):
                         m.d.sync += [self.o_header.valid.eq(1), self.o_header.payload.eq(hdr)]
                     push(forward=forward)
@@ -486,7 +616,7 @@ class SegmentPlacer(wiring.Component):
                     push(place=hdr.has_payload, addr=where)
                 with m.Elif(hdr.last):
                     push(place=hdr.has_payload, addr=where, read=CompletionStatus.SUCCESS)
-                    m.d.comb += self.i_outstanding.ready.eq(1)
+                    retire()
                     m.d.sync += fresh.eq(1)
                 with m.Else():
                     push(place=hdr.has_payload, addr=where)
@@ -504,7 +634,7 @@ class SegmentPlacer(wiring.Component):
                 with m.Else():
                     push(place=1, addr=result.payload.addr, read=CompletionStatus.SUCCESS,
                          inline=answer.value)
-                    m.d.comb += self.i_outstanding.ready.eq(1)
+                    retire()
         with stage.state("BUFFER"):
             # The receive's buffer checked (a receive without one has nothing to check).
             m.d.comb += result.ready.eq(receive.sges)
@@ -519,7 +649,7 @@ class SegmentPlacer(wiring.Component):
                     stage.goto("TAKE")
                 with m.Elif(invalidate):
                     m.d.sync += [inval.valid.eq(1), inval.payload.stag.eq(hdr.inv_stag),
-                                 inval.payload.pd.eq(self.pd)]
+                                 inval.payload.pd.eq(pd)]
                     stage.goto("INVALIDATE")
                 with m.Else():
                     stage.goto("ACCEPT")
@@ -553,7 +683,59 @@ class SegmentPlacer(wiring.Component):
                              room.eq(wrap_sub(m, room, hdr.length, 32, "room_left")),
                              next_addr.eq(wrap_add(m, next_addr, hdr.length, 64, "addr_next"))]
 
-    def _queue_0(self, m, stage, *, hdr, ok, active, receive, report, push, ask):
+    def _contexts(self, m, stage, ctx, *, answered):
+        """Several connections: each connection's :func:`_Context` in a block RAM, the held one
+        in ``ctx``. In TAKE, before a header is taken: a connection made afresh (``i_open``),
+        then a switch to the header's connection (its word read while the held one is written
+        back, loaded in LOAD), then, for a Read or Atomic Response (``answered``) whose oldest
+        outstanding request is not known, the question for it (OLDEST)."""
+        layout = ctx.shape()
+        incoming, opening = self.i_header.payload, self.i_open
+        m.submodules.contexts = contexts = Memory(shape=layout, depth=self.conns,
+                                                  init=[_FRESH] * self.conns)
+        write, read = contexts.write_port(), contexts.read_port()
+        held = Signal(conn_bits(self.conns))     # whose context ``ctx`` is
+        holding = Signal()                       # ``ctx`` is a connection's (not after reset
+        #                                          or after that connection was made afresh)
+        known = Signal()        # the header's connection's oldest request was asked for
+        opened = Signal(layout)
+        m.d.comb += [opened.eq(layout.const(_FRESH)), opened.pd.eq(opening.payload.pd),
+                     opened.msn.eq(Mux(opening.payload.send_rtr, 2, 1)),
+                     read.addr.eq(incoming.conn)]
+        hit = holding & same(incoming.conn, held)
+        unknown = answered & ~ctx.dead & ~ctx.head_valid & ~known
+        with stage.state("TAKE"):
+            with m.If(opening.valid):
+                m.d.comb += [opening.ready.eq(1), write.en.eq(1),
+                             write.addr.eq(opening.payload.conn), write.data.eq(opened)]
+                with m.If(same(opening.payload.conn, held)):
+                    m.d.sync += holding.eq(0)
+            with m.Elif(self.i_header.valid & ~hit):
+                m.d.comb += [write.en.eq(holding), write.addr.eq(held), write.data.eq(ctx)]
+                m.d.sync += [held.eq(incoming.conn), holding.eq(1), known.eq(0)]
+                stage.goto("LOAD")
+            with m.Elif(self.i_header.valid & unknown):
+                with m.If(~self.o_retire.valid & ~self.o_ask_oldest.valid):
+                    m.d.sync += [self.o_ask_oldest.valid.eq(1),
+                                 self.o_ask_oldest.payload.conn.eq(held)]
+                    stage.goto("OLDEST")
+            with m.Else():
+                m.d.comb += self.i_header.ready.eq(1)
+                with m.If(self.i_header.valid):
+                    m.d.sync += known.eq(0)
+                    stage.goto("DECIDE")
+        with stage.state("LOAD"):
+            m.d.sync += ctx.eq(read.data)
+            stage.goto("TAKE")
+        with stage.state("OLDEST"):
+            answer = self.i_oldest.payload
+            m.d.comb += self.i_oldest.ready.eq(1)
+            with m.If(self.i_oldest.valid):
+                m.d.sync += [ctx.head[name].eq(answer[name]) for name in OutstandingRead.members]
+                m.d.sync += [ctx.head_valid.eq(answer.present), known.eq(1)]
+                stage.goto("TAKE")
+
+    def _queue_0(self, m, stage, *, hdr, ok, active, report, push, take_receive):
         """A good queue 0 segment, when the outputs are free: its MSN and MO, and for a new
         message its receive."""
         stage.goto("TAKE")
@@ -569,13 +751,15 @@ class SegmentPlacer(wiring.Component):
         with m.Elif(~is_zero(hdr.mo)):
             report(TerminateCode.DDP_UNTAGGED_INVALID_MO)
             push()
+        if self.conns is not None:
+            with m.Else():
+                m.d.sync += [self.o_ask_receive.valid.eq(1),
+                             self.o_ask_receive.payload.conn.eq(hdr.conn)]
+                stage.goto("RECEIVE")
+            return
         with m.Elif(self.i_receive.valid):
-            r = self.i_receive.payload
             m.d.comb += self.i_receive.ready.eq(1)
-            m.d.sync += receive.eq(r)
-            with m.If(r.sges):
-                ask(r.lkey, r.addr, r.length, Access.LOCAL_WRITE)
-            stage.goto("BUFFER")
+            take_receive(self.i_receive.payload)
         with m.Elif(self.receive_pending):
             stage.goto("DECIDE")            # the receive is on its way
         with m.Else():
@@ -586,16 +770,19 @@ class SegmentPlacer(wiring.Component):
         """Stage 2: each payload packet (``beats``, the FIFO's output through a register
         slice) to host memory, to the next stage, or away; then the receive's completion or the
         Read's end."""
-        route = _Route(routes.r_data)
+        route = with_conn(_Route, self.conns)(routes.r_data)
         place, data, other = self.o_place, self.o_data, self.o_payload
         asked = Signal()            # the placement request of this packet has been taken
         sent = Signal()             # the packet has gone; its completion is next
         with m.If(place.ready):
             m.d.sync += place.valid.eq(0)
         m.d.comb += [data.payload.eq(beats.payload), other.payload.eq(beats.payload),
-                     self.o_complete.payload.eq(route.completion),
+                     without_conn(self.o_complete.payload, ReceiveCompletion).eq(route.completion),
                      self.o_read_done.payload.id.eq(route.completion.id),
                      self.o_read_done.payload.status.eq(route.completion.status)]
+        if self.conns is not None:
+            m.d.comb += [self.o_complete.payload.conn.eq(route.conn),
+                         self.o_read_done.payload.conn.eq(route.conn)]
 
         def request():
             """Offer the placement request of the route at the head, once."""

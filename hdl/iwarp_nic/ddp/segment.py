@@ -36,7 +36,7 @@ from ..errors import TerminateCode
 from ..exact import add, eq, gt, is_zero, lt, one_of, select, sub, wire, wrap_add
 from ..headers import ATOMIC_REQUEST, DDP_TAGGED, DDP_UNTAGGED
 from ..stream import BeatStream, check_data_bytes, keep_count
-from ..tcp.layouts import conn_bits
+from ..tcp.layouts import conn_bits, with_conn
 from ..trim import HeadTrim
 from ..width import BeatDownsizer, BeatUpsizer
 
@@ -82,7 +82,7 @@ SegmentHeader = StructLayout({
 
 def TaggedSegmentHeader(conns):
     """:data:`SegmentHeader` and the connection (of ``conns``) whose segment it is."""
-    return StructLayout({**dict(SegmentHeader.members), "conn": conn_bits(conns)})
+    return with_conn(SegmentHeader, conns)
 
 
 def _trim_count(t, opcode):

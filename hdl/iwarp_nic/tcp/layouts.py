@@ -13,8 +13,8 @@ byte of sequence number ``s`` of connection ``c`` lives at ring offset ``s mod r
 from amaranth.lib import data, enum
 
 __all__ = ["FIN", "SYN", "RST", "PSH", "ACK", "URG", "ECE", "CWR",
-           "conn_bits", "ConnKey", "RxSegment", "TxSegment", "RingRequest", "ChunkHeader",
-           "CommandOp", "Command", "EventKind", "Event"]
+           "conn_bits", "with_conn", "without_conn", "ConnKey", "RxSegment", "TxSegment",
+           "RingRequest", "ChunkHeader", "CommandOp", "Command", "EventKind", "Event"]
 
 # RFC 9293 section 3.1 control bits, as the values of the header's ``flags`` byte.
 FIN, SYN, RST, PSH, ACK, URG, ECE, CWR = (1 << b for b in range(8))
@@ -25,6 +25,21 @@ def conn_bits(conns):
     if not isinstance(conns, int) or conns < 1:
         raise ValueError(f"conns must be a positive integer, not {conns!r}")
     return max(1, (conns - 1).bit_length())
+
+
+def with_conn(layout, conns):
+    """``layout`` (a struct layout) with a ``conn`` field of ``conns`` connections after its
+    own fields, which keep their bit positions; ``layout`` itself when ``conns`` is None (one
+    stream)."""
+    if conns is None:
+        return layout
+    return data.StructLayout({**dict(layout.members), "conn": conn_bits(conns)})
+
+
+def without_conn(view, layout):
+    """The ``layout`` fields of ``view``, a value of ``with_conn(layout, conns)`` (or of
+    ``layout`` itself), as a view of ``layout``."""
+    return layout(view.as_value()[:layout.size])
 
 
 #: What identifies a connection on the wire, our address aside (one local IP per engine).
