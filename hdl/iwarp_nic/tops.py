@@ -16,7 +16,7 @@ def tops():
     from .crc import CRC32CEngine, CRC32Engine
     from .ddp.emit import SegmentEmitter
     from .ddp.placement import SegmentPlacer
-    from .ddp.receive import StreamReceiver
+    from .ddp.receive import ConnectionsReceiver, StreamReceiver
     from .ddp.rtr import RtrCheck
     from .ddp.segment import SegmentParser
     from .ddp.send import StreamSender
@@ -80,6 +80,7 @@ def tops():
         tops[f"iwarp_ddp_segment_placer_w{n}"] = lambda n=n: SegmentPlacer(n)
         tops[f"iwarp_ddp_segment_placer_c16_w{n}"] = lambda n=n: SegmentPlacer(n, conns=16)
         tops[f"iwarp_ddp_receive_w{n}"] = lambda n=n: StreamReceiver(n)
+        tops[f"iwarp_ddp_receive_c16_w{n}"] = lambda n=n: ConnectionsReceiver(n)
         tops[f"iwarp_ddp_emit_w{n}"] = lambda n=n: SegmentEmitter(n)
         tops[f"iwarp_ddp_send_w{n}"] = lambda n=n: StreamSender(n)
         tops[f"iwarp_rdmap_send_scheduler_w{n}"] = lambda n=n: SendScheduler(n)

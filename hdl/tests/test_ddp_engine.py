@@ -26,13 +26,15 @@ from iwarp_model.engine import Connection, ConnState, Rtr
 from iwarp_model.mr import Access
 from iwarp_model.transport.memory import MemoryPair
 from iwarp_model.wire.fpdu import Framer
+from iwarp_model.wire.mpa import MpaFrame
 from iwarp_model.wire.rdmap import AtomicResponse, ImmediateData, Opcode, ReadRequest, Segment
 from iwarp_model.wire.terminate import ErrorCode
 from iwarp_nic.ddp.placement import CompletionStatus, SegmentPlacer
-from iwarp_nic.ddp.receive import StreamReceiver
+from iwarp_nic.ddp.receive import ConnectionsReceiver, StreamReceiver
 from iwarp_nic.ddp.segment import SegmentParser
 from iwarp_nic.ddp.stag import StagTable
 from iwarp_nic.errors import OFFENDING_BYTES, TerminateCode
+from iwarp_nic.mpa import ErrorKind, GatherOp
 from iwarp_nic.mpa import Rtr as HwRtr
 from iwarp_nic.rdmap import OutstandingTable
 from iwarp_tb.amsim import run
@@ -43,6 +45,8 @@ from iwarp_tb.streams import (
     AmaranthBus,
     StreamPort,
     collector,
+    recv,
+    recv_packets,
     send,
     send_packets,
     tcp_chunks,
@@ -671,8 +675,19 @@ def simulate_connections(n, phases, *, conns, seed):
             await until_quiet(ctx, outputs, 500)
         got["done"] = True
 
+    receives = receive_answers(placer, offers, rng)
+
+    run(dut, source, monitors=[receives, *placer_monitors(got, placer, n, seed)],
+        name=f"ddp_contexts_w{n}")
+    assert got.get("done")
+    compare_connections(scenes, before, phases, models, got)
+    return models
+
+
+def receive_answers(placer, offers, rng):
+    """A testbench answering ``placer``'s questions for a connection's next receive after a
+    random delay, from ``offers`` (conn -> receives not yet taken)."""
     async def receives(ctx):
-        """Each question for a connection's next receive answered after a random delay."""
         ask = placer.o_ask_receive
         while True:
             ctx.set(ask.ready, 1)
@@ -684,18 +699,26 @@ def simulate_connections(n, phases, *, conns, seed):
                     await ctx.tick()
                 await send(AmaranthBus(ctx), StreamPort.amaranth(placer.i_receive),
                            [{**(offer or {}), "posted": int(bool(offer))}], timeout=1 << 30)
+    return receives
 
+
+def placer_monitors(got, placer, n, seed):
+    """Collectors of the several-connection placer's outputs (``placer``'s, or a receive
+    path's that has the same) into ``got``."""
     def monitor(key, port, offset, packets=False):
         return collector(got, key, port, data_bytes=n if packets else None,
                          rng=random.Random(seed + offset), stall=STALL)
 
-    monitors = [monitor("places", placer.o_place, 2), monitor("data", placer.o_data, 3, True),
-                monitor("completions", placer.o_complete, 4),
-                monitor("reads", placer.o_read_done, 8), monitor("faults", placer.o_fault, 5),
-                monitor("headers", placer.o_header, 6),
-                monitor("payloads", placer.o_payload, 7, True)]
-    run(dut, source, monitors=[receives, *monitors], name=f"ddp_contexts_w{n}")
-    assert got.get("done")
+    return [monitor("places", placer.o_place, 2), monitor("data", placer.o_data, 3, True),
+            monitor("completions", placer.o_complete, 4),
+            monitor("reads", placer.o_read_done, 8), monitor("faults", placer.o_fault, 5),
+            monitor("headers", placer.o_header, 6),
+            monitor("payloads", placer.o_payload, 7, True)]
+
+
+def compare_connections(scenes, before, phases, models, got):
+    """Memory as the models left it, and each connection's events, phase after phase, its
+    model's (:func:`compare_events`); no event the models do not have."""
     compare_memory(scenes, before, got)
     # Each phase's events of a connection are those after the phase's earlier ones.
     seen = {key: {} for key in ("completions", "reads", "faults", "headers")}
@@ -710,7 +733,6 @@ def simulate_connections(n, phases, *, conns, seed):
             compare_events(scene, {**mine, "errors": []}, *results[conn], 0)
     for key, taken in seen.items():
         assert sum(taken.values()) == len(got[key]), f"{key}: events the model has not"
-    return models
 
 
 def _count(key, wcs, terminate):
@@ -753,3 +775,126 @@ def test_connections(n):
     assert len(models[0][15][0]) == len(first[15].receives) + len(first[15].outstanding)
     assert models[1][5][1] is None and len(models[1][5][0]) == len(again.receives) + len(
         again.outstanding)
+
+
+def simulate_path(n, conns, streams, *, crc, markers, seed, corrupt=None):
+    """Run each connection's stream (``streams``: conn -> (scene, ULPDUs)) through a
+    :class:`ConnectionsReceiver` as the TCP engine would hand it over: the startup frame, then
+    the FPDUs (CRC and markers as given per connection) in chunks of random sizes, the
+    connections' chunks interleaved. The host starts each connection, waits for its startup
+    frame, opens its context, pushes its outstanding Reads and gives ``FPDUS``. ``corrupt``:
+    (conn, k), the CRC of that connection's FPDU ``k`` spoiled (in the model's stream too): the
+    deframer's error event is then that connection's end, in place of the model's Terminate.
+    Each connection is compared with its own model engine; returns the models' results and the
+    deframer's error events."""
+    rng = random.Random(seed)
+    scenes = [scene for scene, _ in streams.values()]
+    before = {stag: bytes(octets) for scene in scenes for stag, octets in scene.memory.items()}
+    writes = [scenes[0].host.write(r) for scene in scenes for r in scene.regions]
+    octets, models = {}, {}
+    for conn, (scene, ulpdus) in streams.items():
+        framer = Framer(crc=crc[conn], markers=markers[conn])
+        frames = [bytearray(framer.frame(u)) for u in ulpdus]
+        if corrupt and corrupt[0] == conn:
+            k = corrupt[1]
+            frames[k][-1] ^= 0x20
+            wcs, _ = scene.model(ulpdus[:k])
+            spoiled = bytearray(scene.peer._framer.frame(ulpdus[k]))
+            spoiled[-1] ^= 0x20
+            scene.conn.receive(bytes(spoiled))
+            more, terminate = scene.model([])
+            models[conn] = (wcs + more, terminate)
+        else:
+            models[conn] = scene.model(ulpdus)
+        octets[conn] = b"".join(frames)
+    startup = {conn: MpaFrame(reply=True, markers=markers[conn], crc=crc[conn]).encode()
+               for conn in streams}
+    dut = ConnectionsReceiver(n, conns=conns, stag_entries=64, ring_bytes=8192)
+    got, offers = {"startups": {}}, {conn: list(s.receives) for conn, (s, _) in streams.items()}
+    state = {"fpdus": False}
+    outputs = [dut.o_place, dut.o_data, dut.o_complete, dut.o_read_done, dut.o_fault,
+               dut.o_header, dut.o_payload, dut.o_error]
+
+    async def chunk(bus, conn, octets):
+        await send(bus, StreamPort.amaranth(dut.i_header), [{"conn": conn, "length": len(octets)}])
+        await send_packets(bus, StreamPort.amaranth(dut.i), [octets], n, rng=rng, idle=IDLE)
+
+    async def tcp(ctx):
+        """The TCP engine: each startup frame, then (after FPDUS) the FPDU chunks."""
+        bus = AmaranthBus(ctx)
+        await load_table(ctx, dut.i_write, writes)
+        await send(bus, StreamPort.amaranth(dut.i_cmd),
+                   [{"op": GatherOp.START.value, "conn": conn, "markers": 0, "crc": 0}
+                    for conn in streams])
+        for conn in streams:
+            await chunk(bus, conn, startup[conn])
+        while not state["fpdus"]:
+            await ctx.tick()
+        plans = {conn: tcp_chunks(rng, bytes(o)) for conn, o in octets.items()}
+        while plans:
+            conn = rng.choice(sorted(plans))
+            await chunk(bus, conn, plans[conn].pop(0))
+            if not plans[conn]:
+                del plans[conn]
+        await until_quiet(ctx, outputs, 2000)
+        got["done"] = True
+
+    async def host(ctx):
+        """The host: each startup frame taken; then the contexts opened, the outstanding
+        Reads pushed and FPDUS given."""
+        bus = AmaranthBus(ctx)
+        while len(got["startups"]) < len(streams):
+            [header] = await recv(bus, StreamPort.amaranth(dut.o_startup_header), 1,
+                                  timeout=1 << 30)
+            [frame] = await recv_packets(bus, StreamPort.amaranth(dut.o_startup), 1, n)
+            got["startups"][header["conn"]] = bytes(frame)
+        await send(bus, StreamPort.amaranth(dut.i_open),
+                   [{"conn": conn, "pd": scene.pd.handle, "send_rtr": 0}
+                    for conn, (scene, _) in streams.items()])
+        await send(bus, StreamPort.amaranth(dut.i_push),
+                   [{**read, "conn": conn} for conn, (scene, _) in streams.items()
+                    for read in scene.outstanding])
+        await send(bus, StreamPort.amaranth(dut.i_cmd),
+                   [{"op": GatherOp.FPDUS.value, "conn": conn, "markers": int(markers[conn]),
+                     "crc": int(crc[conn])} for conn in streams])
+        state["fpdus"] = True
+
+    monitors = [receive_answers(dut, offers, rng), *placer_monitors(got, dut, n, seed),
+                collector(got, "errors", dut.o_error)]
+    run(dut, tcp, host, monitors=monitors, name=f"ddp_path_w{n}")
+    assert got.get("done")
+    assert got["startups"] == startup
+    phases = [{conn: (scene, ulpdus, False) for conn, (scene, ulpdus) in streams.items()}]
+    failed = {event["conn"] for event in got["errors"]}
+    # A connection the deframer failed has the event instead of the placer's Terminate.
+    placer_view = {c: (wcs, None if c in failed else t) for c, (wcs, t) in models.items()}
+    compare_connections(scenes, before, phases, [placer_view], got)
+    return models, got["errors"]
+
+
+@pytest.mark.parametrize("n", [1, 8, 64])
+def test_receive_path(n):
+    """Three connections' TCP chunks through ConnectionsReceiver (gather, deframer, parser,
+    placer, STag table, outstanding Reads), each with its own CRC and marker settings, against
+    four model engines: two run their traffic to the end, one fails on a placement
+    violation, one on a bad CRC (the deframer's event naming it, nothing placed from the bad
+    FPDU on)."""
+    rng = random.Random(60 + n)
+    dev = verbs.Device("b")
+    host = HostTable(rng, table=dev.mr_table, pds=0)
+    crc = {2: True, 7: True, 11: False, 13: True}
+    markers = {2: True, 7: False, 11: False, 13: True}
+    scenes = {conn: Scene(rng, crc=crc[conn], markers=markers[conn], dev=dev, host=host)
+              for conn in crc}
+    count = 2 if n == 1 else 6
+    streams = {conn: [scene, traffic(scene, count, longest=1200)]
+               for conn, scene in scenes.items()}
+    bad, code = _violation(rng.choice(VIOLATIONS), scenes[7])
+    streams[7][1] += bad + [scenes[7].write(50)]
+    bad_fpdu = len(streams[13][1]) // 2
+    models, errors = simulate_path(n, 16, {c: tuple(v) for c, v in streams.items()}, crc=crc,
+                                   markers=markers, seed=n, corrupt=(13, bad_fpdu))
+    assert [(e["conn"], ErrorKind(e["kind"])) for e in errors] == [(13, ErrorKind.CRC)]
+    assert models[13][1].code == ErrorCode.MPA_CRC
+    assert models[7][1] is not None and models[7][1].code == code
+    assert all(models[c][1] is None for c in (2, 11))

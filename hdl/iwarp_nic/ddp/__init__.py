@@ -11,7 +11,7 @@ from .placement import (
     ReceiveCompletion,
     SegmentPlacer,
 )
-from .receive import StreamReceiver
+from .receive import ConnectionsReceiver, StreamReceiver
 from .rtr import RtrCheck
 from .segment import HEAD_BYTES, SegmentHeader, SegmentParser
 from .send import StreamSender
@@ -26,7 +26,8 @@ from .stag import (
     StagWrite,
 )
 
-__all__ = ["StreamReceiver", "RtrCheck", "StreamSender", "SegmentEmitter", "Message", "Fetch",
+__all__ = ["StreamReceiver", "ConnectionsReceiver", "RtrCheck", "StreamSender", "SegmentEmitter",
+           "Message", "Fetch",
            "SegmentParser", "SegmentHeader", "HEAD_BYTES", "SegmentPlacer", "PlaceRequest",
            "PostedReceive", "CompletionStatus", "ReceiveCompletion", "OutstandingRead", "ReadDone",
            "StagTable", "Access", "Fault", "Entry", "StagWrite", "LookupRequest",

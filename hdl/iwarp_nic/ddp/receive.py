@@ -14,16 +14,17 @@ from amaranth.lib.wiring import In, Out
 
 from ..errors import Violation
 from ..exact import gt
-from ..mpa import FpduDeframer
+from ..mpa import FpduDeframer, MpaReceiver
 from ..mpa.deframer import ErrorKind
 from ..mpa.negotiate import Rtr
+from ..rdmap.outstanding import OutstandingTable
 from ..stream import BeatStream, check_data_bytes
 from . import placement
 from .rtr import RtrCheck
 from .segment import SegmentHeader, SegmentParser
 from .stag import LookupArbiter, LookupRequest, LookupResult, StagTable, StagWrite
 
-__all__ = ["StreamReceiver"]
+__all__ = ["StreamReceiver", "ConnectionsReceiver"]
 
 
 class StreamReceiver(wiring.Component):
@@ -136,3 +137,102 @@ class StreamReceiver(wiring.Component):
                      "o_payload"):
             wiring.connect(m, getattr(placer, name), wiring.flipped(getattr(self, name)))
         return m
+
+
+class ConnectionsReceiver(wiring.Component):
+    """The receive path of ``conns`` connections: the TCP engine's chunks in; startup frames
+    for the host, and every connection's placements, completions, ends of Reads, Terminate
+    requests and other segments out, each naming its connection.
+
+    It chains the :class:`~iwarp_nic.mpa.MpaReceiver` (gather and deframer), the
+    several-connection :class:`~.segment.SegmentParser` and
+    :class:`~.placement.SegmentPlacer`, with the :class:`~.stag.StagTable` (the placer's
+    lookups and invalidations only) and the
+    :class:`~iwarp_nic.rdmap.outstanding.OutstandingTable` the placer asks for each
+    connection's oldest outstanding Read.
+
+    Ports
+    -----
+    i_header, i, i_cmd, o_startup_header, o_startup, o_error :
+        The :class:`~iwarp_nic.mpa.MpaReceiver`'s: chunks, the host's ``START`` and ``FPDUS``,
+        the startup frames, a connection's deframing failure (its FPDUs then stop, and so does
+        its placement, without a Terminate request of the placer's).
+    i_open : In(stream.Signature(OpenContext(conns, pd_bits)))
+        A connection's placer context made afresh and its outstanding Reads cleared, as a new
+        stream takes the slot; before its ``FPDUS``.
+    i_push : In(stream.Signature(with_conn(OutstandingRead, conns)))
+        A Read or atomic whose request was sent (the requester's).
+    i_write : In(stream.Signature(StagWrite(pd_bits, log2(stag_entries))))
+        STag table entries from the host.
+    o_ask_receive, i_receive, o_place, o_data, o_complete, o_read_done, o_fault, o_header,
+    o_payload :
+        The several-connection placer's.
+
+    The placer's payload FIFO holds ``ring_bytes`` octets, more than the largest ULPDU the
+    gather takes (:attr:`max_ulpdu`). Throughput and latency: the MpaReceiver's, then the
+    placer's (two cycles more for a segment whose connection differs from the last one's).
+    """
+
+    def __init__(self, data_bytes, *, conns=16, ring_bytes=4096, max_chunk=1460,
+                 stag_entries=4096, pd_bits=16, ord_depth=32):
+        self.data_bytes = check_data_bytes(data_bytes)
+        self._mpa = MpaReceiver(data_bytes, conns=conns, ring_bytes=ring_bytes,
+                                max_chunk=max_chunk)
+        self._placer = placement.SegmentPlacer(data_bytes, pd_bits=pd_bits, conns=conns,
+                                               fifo_beats=-(-ring_bytes // data_bytes))
+        self._table = StagTable(stag_entries, pd_bits=pd_bits)
+        self._outstanding = OutstandingTable(conns, ord_depth)
+        self.conns = conns
+        self.max_ulpdu = self._mpa.max_ulpdu
+        mpa, placer = self._mpa.signature.members, self._placer.signature.members
+        super().__init__({
+            **{name: mpa[name] for name in ("i_header", "i", "i_cmd", "o_startup_header",
+                                              "o_startup", "o_error")},
+            "i_open": placer["i_open"],
+            "i_push": self._outstanding.signature.members["i_push"],
+            "i_write": self._table.signature.members["i_write"],
+            **{name: placer[name] for name in _PLACER_OUTPUTS},
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.mpa, m.submodules.placer = mpa, placer = self._mpa, self._placer
+        m.submodules.table = table = self._table
+        m.submodules.outstanding = outstanding = self._outstanding
+        m.submodules.parser = parser = SegmentParser(self.data_bytes, conns=self.conns)
+        for name in ("i_header", "i", "i_cmd"):
+            wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(mpa, name))
+        for name in ("o_startup_header", "o_startup", "o_error"):
+            wiring.connect(m, getattr(mpa, name), wiring.flipped(getattr(self, name)))
+        wiring.connect(m, mpa.o, parser.i)
+        wiring.connect(m, parser.o_header, placer.i_header)
+        wiring.connect(m, parser.o_payload, placer.i_payload)
+        wiring.connect(m, placer.o_lookup, table.i_check)
+        wiring.connect(m, table.o_check, placer.i_lookup)
+        wiring.connect(m, placer.o_invalidate, table.i_invalidate)
+        wiring.connect(m, table.o_invalidate, placer.i_invalidate)
+        wiring.connect(m, wiring.flipped(self.i_write), table.i_write)
+        wiring.connect(m, placer.o_ask_oldest, outstanding.i_ask)
+        wiring.connect(m, outstanding.o_oldest, placer.i_oldest)
+        wiring.connect(m, placer.o_retire, outstanding.i_retire)
+        wiring.connect(m, wiring.flipped(self.i_push), outstanding.i_push)
+        # i_open goes to the placer and, as a clear, to the outstanding Reads: taken by both
+        # in one cycle.
+        opening, clear = self.i_open, outstanding.i_clear
+        m.d.comb += [placer.i_open.payload.eq(opening.payload),
+                     clear.payload.conn.eq(opening.payload.conn),
+                     placer.i_open.valid.eq(opening.valid & clear.ready),
+                     clear.valid.eq(opening.valid & placer.i_open.ready),
+                     opening.ready.eq(placer.i_open.ready & clear.ready)]
+        for name in _PLACER_OUTPUTS:
+            port = getattr(placer, name)
+            if name.startswith("i_"):
+                wiring.connect(m, wiring.flipped(getattr(self, name)), port)
+            else:
+                wiring.connect(m, port, wiring.flipped(getattr(self, name)))
+        return m
+
+
+#: The placer's ports a :class:`ConnectionsReceiver` passes through.
+_PLACER_OUTPUTS = ("o_ask_receive", "i_receive", "o_place", "o_data", "o_complete",
+                   "o_read_done", "o_fault", "o_header", "o_payload")

@@ -117,13 +117,13 @@ class OutstandingTable(wiring.Component):
                      entry_wr.addr.eq(Cat(wrap_add(m, now.head, now.count[:bits], bits, "tail"),
                                           conn)),
                      entry_wr.data.eq(without_conn(push.payload, OutstandingRead)),
-                     retire.ready.eq(1)]
+                     retire.ready.eq(1), clear.ready.eq(~retire.valid)]
         with m.If(retire.valid):
             with m.If(inside & ~is_zero(now.count)):
                 m.d.comb += [ptr_wr.en.eq(1), ptr_wr.data.head.eq(add(now.head, 1)),
                              ptr_wr.data.count.eq(sub(now.count, 1))]
         with m.Elif(clear.valid):
-            m.d.comb += [clear.ready.eq(1), ptr_wr.en.eq(inside), ptr_wr.data.count.eq(0)]
+            m.d.comb += [ptr_wr.en.eq(inside), ptr_wr.data.count.eq(0)]
         with m.Else():
             m.d.comb += push.ready.eq(~full | ~inside)
             with m.If(push.valid & inside & ~full):
