@@ -467,23 +467,39 @@ def frame_gather():
                      "end to its piece's header, idle", seen["header"][0] - startup_end, "cycles")
 
 
-def _receiver_train(width, conns, count, startup, chunks):
-    """Run :func:`mpa_receiver`'s stimulus through an MpaReceiver of ``width`` bytes: every
-    connection started and its startup frame released, then ``chunks`` (one train's) sent for
-    each connection in turn, holding ``count`` FPDUs. Returns the cycles of the FPDU chunks'
-    first beat and of the last ULPDU beat, and each connection's ULPDU packets."""
+def _receiver_train(width, conns, count, chunks, *, placed=False):
+    """Run a train through an MpaReceiver of ``width`` bytes, or with ``placed`` a
+    ConnectionsReceiver (one region in its table, every connection opened on its PD): every
+    connection started and its startup frame released, then ``chunks`` (conn -> its train's
+    chunks, ``count`` FPDUs) sent for each connection in turn. Returns the cycles of the FPDU
+    chunks' first beat and of the last output beat (ULPDUs, or placed payloads), and the
+    output: each connection's ULPDU packets, or the (host address, octets) of each
+    placement."""
+    from iwarp_model.wire.mpa import MpaFrame
+    from iwarp_nic.ddp import ConnectionsReceiver
     from iwarp_nic.mpa import GatherOp, MpaReceiver
 
     from .amsim import run
-    from .beats import from_tagged_beats
+    from .beats import Beat, from_beats, from_tagged_beats
+    from .stags import load_table
     from .streams import AmaranthBus, StreamPort, recv, send, send_packets
 
-    dut = MpaReceiver(width, conns=conns, ring_bytes=16384)
-    seen = {"startups": 0, "beats": [], "first": None, "last": 0}
+    startup = MpaFrame(reply=True, markers=True, crc=True).encode()
+    if placed:
+        dut = ConnectionsReceiver(width, conns=conns, ring_bytes=16384, stag_entries=256)
+        out = dut.o_data
+    else:
+        dut = MpaReceiver(width, conns=conns, ring_bytes=16384)
+        out = dut.o
+    seen = {"startups": 0, "beats": [], "places": [], "first": None, "last": 0}
 
     async def host(ctx):
         bus = AmaranthBus(ctx)
         cmd, header = StreamPort.amaranth(dut.i_cmd), StreamPort.amaranth(dut.i_header)
+        if placed:
+            await load_table(ctx, dut.i_write, [_bench_entry()])
+            await send(bus, StreamPort.amaranth(dut.i_open),
+                       [{"conn": c, "pd": _BENCH_PD, "send_rtr": 0} for c in range(conns)])
         for c in range(conns):
             await send(bus, cmd, [{"op": GatherOp.START.value, "conn": c, "markers": 0,
                                    "crc": 0}])
@@ -493,10 +509,10 @@ def _receiver_train(width, conns, count, startup, chunks):
             await ctx.tick()
         await send(bus, cmd, [{"op": GatherOp.FPDUS.value, "conn": c, "markers": 1, "crc": 1}
                               for c in range(conns)])
-        for chunk in chunks:
+        for k in range(max(map(len, chunks.values()))):
             for c in range(conns):
-                await send(bus, header, [{"conn": c, "length": len(chunk)}])
-                await send_packets(bus, StreamPort.amaranth(dut.i), [chunk], width)
+                await send(bus, header, [{"conn": c, "length": len(chunks[c][k])}])
+                await send_packets(bus, StreamPort.amaranth(dut.i), [chunks[c][k]], width)
 
     async def startups(ctx):
         bus = AmaranthBus(ctx)
@@ -509,21 +525,30 @@ def _receiver_train(width, conns, count, startup, chunks):
         bus = AmaranthBus(ctx)
         ends = 0
         while ends < conns * count:
-            [beat] = await recv(bus, StreamPort.amaranth(dut.o), 1, timeout=10_000)
+            [beat] = await recv(bus, StreamPort.amaranth(out), 1, timeout=10_000)
             seen["beats"].append(beat)
             ends += beat["last"]
+
+    async def places(ctx):
+        seen["places"] = await recv(AmaranthBus(ctx), StreamPort.amaranth(dut.o_place),
+                                    conns * count, timeout=1 << 30)
 
     async def watch(ctx):
         cycle = 0
         async for _, _, i_valid, i_ready, o_valid, o_ready in ctx.tick().sample(
-                dut.i.valid, dut.i.ready, dut.o.valid, dut.o.ready):
+                dut.i.valid, dut.i.ready, out.valid, out.ready):
             if i_valid and i_ready and seen["first"] is None and seen["startups"] == conns:
                 seen["first"] = cycle
             if o_valid and o_ready:
                 seen["last"] = cycle
             cycle += 1
 
-    run(dut, host, drain, monitors=[startups, watch], name=f"bench_receiver_w{width}")
+    run(dut, host, drain, *([places] if placed else []), monitors=[startups, watch],
+        name=f"bench_receiver_w{width}")
+    if placed:
+        beats = [Beat(b["data"], b["keep"], b["last"], 0) for b in seen["beats"]]
+        return seen["first"], seen["last"], [
+            (p["addr"], bytes(d)) for p, d in zip(seen["places"], from_beats(beats, width))]
     packets = {c: [] for c in range(conns)}
     for conn, packet in from_tagged_beats(seen["beats"], width):
         packets[conn].append(bytes(packet))
@@ -536,19 +561,15 @@ def mpa_receiver():
     connections' chunks in turn, every output always ready; each connection's ULPDUs checked
     against the model's. Input beats per cycle from the first FPDU chunk's first beat to the
     last ULPDU beat."""
-    from iwarp_model.wire.fpdu import Framer
-    from iwarp_model.wire.mpa import MpaFrame
-
     rng = random.Random(5044)
     count, conns = 50, 4
     ulpdus = [rng.randbytes(4096) for _ in range(count)]
-    framer = Framer(crc=True, markers=True)
-    train = b"".join(framer.frame(u) for u in ulpdus)
-    chunks = [train[k:k + 1460] for k in range(0, len(train), 1460)]
-    startup = MpaFrame(reply=True, markers=True, crc=True).encode()
+    train = _train(ulpdus)
+    chunks = _chunks(train)
     expected = [len(u).to_bytes(2, "big") + u for u in ulpdus]
     for width in (8, 64):
-        first, last, got = _receiver_train(width, conns, count, startup, chunks)
+        first, last, got = _receiver_train(width, conns, count,
+                                           {c: chunks for c in range(conns)})
         if any(got[c] != expected for c in range(conns)):
             raise AssertionError(f"receiver w{width}: the ULPDUs differ from the model's")
         config = (f"{width} B/beat, {conns} connections x {count} FPDUs of 4096-byte ULPDUs "
@@ -558,8 +579,62 @@ def mpa_receiver():
                      0.99)
 
 
-#: The region the RX chain bench writes into: STag index 1, key 0x5A, PD 1.
+def _train(ulpdus):
+    """The FPDUs of ``ulpdus``, CRC and markers on, as one stream."""
+    from iwarp_model.wire.fpdu import Framer
+
+    framer = Framer(crc=True, markers=True)
+    return b"".join(framer.frame(u) for u in ulpdus)
+
+
+def _chunks(train, size=1460):
+    return [train[k:k + size] for k in range(0, len(train), size)]
+
+
+def receive_path():
+    """:class:`~iwarp_nic.ddp.ConnectionsReceiver` (Amaranth simulation): four connections,
+    each a train of 25 RDMA Writes of 4 KiB with CRC and markers in 1460-octet chunks, the
+    connections' chunks in turn, every output always ready; every placement checked (address
+    and octets). Input beats per cycle from the first FPDU chunk's first beat to the last
+    placed beat, and placed payload octets per cycle."""
+    from iwarp_model.wire.rdmap import Opcode, Segment
+
+    rng = random.Random(5040)
+    count, conns = 25, 4
+    payloads = {c: [rng.randbytes(4096) for _ in range(count)] for c in range(conns)}
+    trains = {c: _train([Segment(Opcode.WRITE, p, stag=_BENCH_STAG,
+                                 to=4096 * (count * c + k)).encode()
+                         for k, p in enumerate(payloads[c])]) for c in range(conns)}
+    expected = sorted((_BENCH_HOST + 4096 * (count * c + k), p)
+                      for c in range(conns) for k, p in enumerate(payloads[c]))
+    octets = sum(map(len, trains.values()))
+    for width in (8, 64):
+        first, last, placed = _receiver_train(
+            width, conns, count, {c: _chunks(t) for c, t in trains.items()}, placed=True)
+        if sorted(placed) != expected:
+            raise AssertionError(f"receive path w{width}: the placements differ")
+        cycles = last - first + 1
+        config = (f"{width} B/beat, {conns} connections x {count} RDMA Writes of 4 KiB, CRC "
+                  "and markers, in 1460-octet chunks taken in turn")
+        yield record("Receive path (several connections) input beats per cycle", config,
+                     round(octets / (width * cycles), 4), "fraction", 0.99)
+        yield record("Receive path (several connections) placed payload bytes per cycle",
+                     f"{config}, ceiling {round(4096 * count * conns / octets, 4)}",
+                     round(4096 * count * conns / (width * cycles), 4), "fraction")
+
+
+#: The region the RX chain benches write into: STag index 1, key 0x5A, PD 1.
 _BENCH_STAG, _BENCH_PD, _BENCH_HOST = 1 << 8 | 0x5A, 1, 0x1000_0000
+
+
+def _bench_entry():
+    """The STag table write that stores the bench region (Remote Write)."""
+    from iwarp_nic.ddp import Access
+
+    return {"index": _BENCH_STAG >> 8, "entry": {
+        "present": 1, "key": _BENCH_STAG & 0xFF, "valid": 1, "invalidatable": 0,
+        "pd": _BENCH_PD, "access": Access.REMOTE_WRITE.value, "iova": 0, "length": 1 << 40,
+        "host_addr": _BENCH_HOST}}
 
 
 def _configured_receiver(width):
@@ -698,7 +773,7 @@ def tx_chain():
 
 
 BENCHMARKS = [crc_engines, crc_fits, tcp_goodput, tcp_latency, mpa_deframer, frame_gather,
-              mpa_receiver, rx_chain,
+              mpa_receiver, receive_path, rx_chain,
               tx_chain, iwarp_fits]
 
 
