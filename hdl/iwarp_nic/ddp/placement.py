@@ -695,8 +695,8 @@ class SegmentPlacer(wiring.Component):
                                                   init=[_FRESH] * self.conns)
         write, read = contexts.write_port(), contexts.read_port()
         held = Signal(conn_bits(self.conns))     # whose context ``ctx`` is
-        holding = Signal()                       # ``ctx`` is a connection's (not after reset
-        #                                          or after that connection was made afresh)
+        # ``ctx`` is ``held``'s: not after a reset, nor once ``held`` has been made afresh.
+        holding = Signal()
         known = Signal()        # the header's connection's oldest request was asked for
         opened = Signal(layout)
         m.d.comb += [opened.eq(layout.const(_FRESH)), opened.pd.eq(opening.payload.pd),
