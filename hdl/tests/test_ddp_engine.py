@@ -18,8 +18,6 @@ violation of queue 0 and of Read and Atomic Responses gets its own case.
 import random
 
 import pytest
-from amaranth import Module
-from amaranth.lib import wiring
 
 from iwarp_model import verbs
 from iwarp_model.engine import Connection, ConnState, Rtr
@@ -29,14 +27,11 @@ from iwarp_model.wire.fpdu import Framer
 from iwarp_model.wire.mpa import MpaFrame
 from iwarp_model.wire.rdmap import AtomicResponse, ImmediateData, Opcode, ReadRequest, Segment
 from iwarp_model.wire.terminate import ErrorCode
-from iwarp_nic.ddp.placement import CompletionStatus, SegmentPlacer
-from iwarp_nic.ddp.receive import ConnectionsReceiver, StreamReceiver
-from iwarp_nic.ddp.segment import SegmentParser
-from iwarp_nic.ddp.stag import StagTable
+from iwarp_nic.ddp.placement import CompletionStatus
+from iwarp_nic.ddp.receive import ConnectionsPlacer, ConnectionsReceiver, StreamReceiver
 from iwarp_nic.errors import OFFENDING_BYTES, TerminateCode
 from iwarp_nic.mpa import ErrorKind, GatherOp
 from iwarp_nic.mpa import Rtr as HwRtr
-from iwarp_nic.rdmap import OutstandingTable
 from iwarp_tb.amsim import run
 from iwarp_tb.beats import to_beats
 from iwarp_tb.receive import configure
@@ -588,35 +583,6 @@ def test_rtr(n, case):
         assert terminate.code == ErrorCode.MPA_NO_MATCHING_RTR and not started and not wcs
 
 
-class Connections(wiring.Component):
-    """The several-connection segment parser, placer, STag table and table of outstanding
-    Reads, as in the receive path above ``MpaReceiver``: the placer's receives are the
-    testbench's, and so are the outstanding Reads' pushes (the requester's)."""
-
-    def __init__(self, n, conns):
-        self.parser = SegmentParser(n, conns=conns)
-        self.placer = SegmentPlacer(n, conns=conns, fifo_beats=8192 // n)
-        self.table = StagTable(64)
-        self.outstanding = OutstandingTable(conns)
-        super().__init__({})
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.parser, m.submodules.placer = self.parser, self.placer
-        m.submodules.table, m.submodules.outstanding = self.table, self.outstanding
-        placer, table, outstanding = self.placer, self.table, self.outstanding
-        wiring.connect(m, placer.o_ask_oldest, outstanding.i_ask)
-        wiring.connect(m, outstanding.o_oldest, placer.i_oldest)
-        wiring.connect(m, placer.o_retire, outstanding.i_retire)
-        wiring.connect(m, self.parser.o_header, placer.i_header)
-        wiring.connect(m, self.parser.o_payload, placer.i_payload)
-        wiring.connect(m, placer.o_lookup, table.i_check)
-        wiring.connect(m, table.o_check, placer.i_lookup)
-        wiring.connect(m, placer.o_invalidate, table.i_invalidate)
-        wiring.connect(m, table.o_invalidate, placer.i_invalidate)
-        return m
-
-
 def interleave(rng, streams):
     """The ULPDUs of each connection (``streams``: conn -> list), their order kept, taken one
     to three at a time from a random connection."""
@@ -633,7 +599,7 @@ def interleave(rng, streams):
 
 
 def simulate_connections(n, phases, *, conns, seed):
-    """Run ``phases`` through :class:`Connections` and compare each connection with its own
+    """Run ``phases`` through a :class:`ConnectionsPlacer` and compare each connection with its own
     model engine. A phase maps connections to (scene, ULPDUs, Send RTR); each of its
     connections is opened afresh (``i_open``; its outstanding Reads cleared, then pushed as the
     requester would have as it sent them), then their segments go in interleaved, and the
@@ -647,37 +613,34 @@ def simulate_connections(n, phases, *, conns, seed):
     writes = [host.write(r) for scene in scenes for r in scene.regions]
     models = [{conn: scene.model(ulpdus) for conn, (scene, ulpdus, _) in phase.items()}
               for phase in phases]
-    dut = Connections(n, conns)
-    placer = dut.placer
+    dut = ConnectionsPlacer(n, conns=conns, fifo_beats=8192 // n, stag_entries=64)
     got, offers = {}, {}
-    outputs = [placer.o_place, placer.o_data, placer.o_complete, placer.o_read_done,
-               placer.o_fault, placer.o_header, placer.o_payload]
+    outputs = [dut.o_place, dut.o_data, dut.o_complete, dut.o_read_done, dut.o_fault,
+               dut.o_header, dut.o_payload]
 
     async def source(ctx):
         bus = AmaranthBus(ctx)
-        await load_table(ctx, dut.table.i_write, writes)
+        await load_table(ctx, dut.i_write, writes)
         for k, phase in enumerate(phases):
             for conn, (scene, _, _) in phase.items():
                 offers[conn] = list(scene.receives)
-            await send(bus, StreamPort.amaranth(placer.i_open),
+            await send(bus, StreamPort.amaranth(dut.i_open),
                        [{"conn": conn, "pd": scene.pd.handle, "send_rtr": int(send_rtr)}
                         for conn, (scene, _, send_rtr) in phase.items()])
-            await send(bus, StreamPort.amaranth(dut.outstanding.i_clear),
-                       [{"conn": conn} for conn in phase])
-            await send(bus, StreamPort.amaranth(dut.outstanding.i_push),
+            await send(bus, StreamPort.amaranth(dut.i_push),
                        [{**read, "conn": conn} for conn, (scene, _, _) in phase.items()
                         for read in scene.outstanding])
             order = interleave(rng, {conn: ulpdus for conn, (_, ulpdus, _) in phase.items()})
             beats = ({**beat._asdict(), "conn": conn} for conn, ulpdu in order
                      for beat in to_beats(len(ulpdu).to_bytes(2, "big") + ulpdu, n, err=False))
-            await send(bus, StreamPort.amaranth(dut.parser.i), beats,
+            await send(bus, StreamPort.amaranth(dut.i), beats,
                        rng=random.Random(seed + k), idle=IDLE)
             await until_quiet(ctx, outputs, 500)
         got["done"] = True
 
-    receives = receive_answers(placer, offers, rng)
+    receives = receive_answers(dut, offers, rng)
 
-    run(dut, source, monitors=[receives, *placer_monitors(got, placer, n, seed)],
+    run(dut, source, monitors=[receives, *placer_monitors(got, dut, n, seed)],
         name=f"ddp_contexts_w{n}")
     assert got.get("done")
     compare_connections(scenes, before, phases, models, got)

@@ -26,7 +26,7 @@ from iwarp_nic.tcp.layouts import conn_bits
 from iwarp_tb import toolchain
 from iwarp_tb.amsim import run
 from iwarp_tb.lint import lint
-from iwarp_tb.streams import collector
+from iwarp_tb.streams import AmaranthBus, StreamPort, collector, send
 
 FIELDS = list(OutstandingRead.members)
 STALL = 0.3
@@ -60,22 +60,8 @@ def simulate(conns, depth, *, pushes, seed, span=None):
         """A testbench offering ``choose()`` (a dict of payload fields, or None to stop) after
         random idle cycles (``idle()`` per cycle), each held until taken."""
         async def bench(ctx):
-            ctx.set(port.valid, 0)
-            while True:
-                while rng.random() < idle():
-                    ctx.set(port.valid, 0)
-                    await ctx.tick()
-                transfer = choose()
-                if transfer is None:
-                    break
-                for name, value in transfer.items():
-                    ctx.set(port.payload[name], value)
-                ctx.set(port.valid, 1)
-                waited = 0
-                while not (await ctx.tick().sample(port.ready))[2]:
-                    waited += 1
-                    assert waited < 5_000, f"{transfer} not taken"
-            ctx.set(port.valid, 0)
+            await send(AmaranthBus(ctx), StreamPort.amaranth(port), iter(choose, None),
+                       rng=rng, idle=idle, timeout=5_000)
             for _ in range(40):         # the last answer goes out
                 await ctx.tick()
         return bench
@@ -107,29 +93,23 @@ def simulate(conns, depth, *, pushes, seed, span=None):
             conn = retire_rng.randrange(span)
         return {"conn": conn}
 
-    def choose_clear():
-        if state["done"]:
-            return None
-        busy = nonempty()
-        conn = clear_rng.choice(busy) if busy and clear_rng.random() < 0.7 else (
-            clear_rng.randrange(span))
-        return {"conn": conn}
-
-    def choose_ask():
-        if state["done"]:
-            return None
-        busy = nonempty()
-        conn = ask_rng.choice(busy) if busy and ask_rng.random() < 0.7 else (
-            ask_rng.randrange(span))
-        return {"conn": conn}
+    def choose_conn(rng):
+        """For a clear or a question: mostly a connection with entries, else any."""
+        def choose():
+            if state["done"]:
+                return None
+            busy = nonempty()
+            return {"conn": rng.choice(busy) if busy and rng.random() < 0.7 else
+                    rng.randrange(span)}
+        return choose
 
     push, retire, clear, ask, out = dut.i_push, dut.i_retire, dut.i_clear, dut.i_ask, dut.o_oldest
     drivers = [
         drive(push, choose_push, lambda: 0.7 if phase() else 0.2, push_rng),
         drive(retire, choose_retire,
               lambda: 0.95 if not nonempty() else 0.3 if phase() else 0.85, retire_rng),
-        drive(clear, choose_clear, lambda: 0.98, clear_rng),
-        drive(ask, choose_ask, lambda: 0.4, ask_rng),
+        drive(clear, choose_conn(clear_rng), lambda: 0.98, clear_rng),
+        drive(ask, choose_conn(ask_rng), lambda: 0.4, ask_rng),
     ]
     answers = collector(got, "answers", out, rng=random.Random(seed + 5), stall=STALL)
 

@@ -361,15 +361,25 @@ def _configured_deframer(width):
     return ConfiguredDeframer()
 
 
-def mpa_deframer():
+def _train(ulpdus):
+    """The FPDUs of ``ulpdus``, CRC and markers on, as one stream."""
     from iwarp_model.wire.fpdu import Framer
 
+    framer = Framer(crc=True, markers=True)
+    return b"".join(framer.frame(u) for u in ulpdus)
+
+
+def _chunks(train, size=1460):
+    """``train`` cut into chunks of ``size`` octets (an MSS), the last one shorter."""
+    return [train[k:k + size] for k in range(0, len(train), size)]
+
+
+def mpa_deframer():
     from .beats import from_beats
 
     rng = random.Random(5044)
     ulpdus = [rng.randbytes(4096) for _ in range(200)]
-    framer = Framer(crc=True, markers=True)
-    stream = b"".join(framer.frame(u) for u in ulpdus)
+    stream = _train(ulpdus)
     expected = [len(u).to_bytes(2, "big") + u for u in ulpdus]
     for width in (8, 64):
         player = BeatPlayer(f"iwarp_mpa_deframer_bench_w{width}", _configured_deframer(width))
@@ -383,7 +393,7 @@ def mpa_deframer():
                      round(len(stream) / (width * cycles), 4), "fraction", 0.99)
         yield record("MPA deframer ULPDU bytes per cycle", config,
                      round(sum(map(len, ulpdus)) / (width * cycles), 4), "fraction")
-        one = player.play([Framer(crc=True, markers=True).frame(ulpdus[0])], tag="one")
+        one = player.play([_train(ulpdus[:1])], tag="one")
         yield record("MPA deframer latency", f"{width} B/beat, one 4096-byte ULPDU, idle",
                      one.stats["last_out_cycle"] - one.stats["last_in_cycle"], "cycles")
 
@@ -444,14 +454,12 @@ def frame_gather():
     4 KiB FPDUs with CRC and markers, in chunks of an MSS (1460), offered back to back with the
     output always ready; and the cycles from a chunk's last beat to the header of the piece it
     completes (the startup frame's, alone on an idle gather)."""
-    from iwarp_model.wire.fpdu import Framer
     from iwarp_model.wire.mpa import MpaFrame
 
     rng = random.Random(5044)
     count = 200
-    framer = Framer(crc=True, markers=True)
-    train = b"".join(framer.frame(rng.randbytes(4096)) for _ in range(count))
-    chunks = [train[k:k + 1460] for k in range(0, len(train), 1460)]
+    train = _train([rng.randbytes(4096) for _ in range(count)])
+    chunks = _chunks(train)
     startup = MpaFrame(reply=True, markers=True).encode()
     for width in (8, 64):
         seen = _gather_train(width, startup, chunks)
@@ -579,18 +587,6 @@ def mpa_receiver():
                      0.99)
 
 
-def _train(ulpdus):
-    """The FPDUs of ``ulpdus``, CRC and markers on, as one stream."""
-    from iwarp_model.wire.fpdu import Framer
-
-    framer = Framer(crc=True, markers=True)
-    return b"".join(framer.frame(u) for u in ulpdus)
-
-
-def _chunks(train, size=1460):
-    return [train[k:k + size] for k in range(0, len(train), size)]
-
-
 def receive_path():
     """:class:`~iwarp_nic.ddp.ConnectionsReceiver` (Amaranth simulation): four connections,
     each a train of 25 RDMA Writes of 4 KiB with CRC and markers in 1460-octet chunks, the
@@ -645,7 +641,7 @@ def _configured_receiver(width):
     from amaranth.lib import wiring
     from amaranth.lib.wiring import In, Out
 
-    from iwarp_nic.ddp import Access, StreamReceiver
+    from iwarp_nic.ddp import StreamReceiver
     from iwarp_nic.stream import BeatStream
 
     class ConfiguredReceiver(wiring.Component):
@@ -656,13 +652,12 @@ def _configured_receiver(width):
             m = Module()
             m.submodules.rx = rx = StreamReceiver(width, stag_entries=256)
             loaded = Signal()
-            entry = rx.i_write.payload.entry
+            write = _bench_entry()
             m.d.comb += [
                 rx.crc.eq(1), rx.markers.eq(1), rx.max_ulpdu.eq(0xFFFF), rx.pd.eq(_BENCH_PD),
-                rx.i_write.valid.eq(~loaded), rx.i_write.payload.index.eq(_BENCH_STAG >> 8),
-                entry.present.eq(1), entry.key.eq(_BENCH_STAG & 0xFF), entry.valid.eq(1),
-                entry.pd.eq(_BENCH_PD), entry.access.eq(Access.REMOTE_WRITE),
-                entry.length.eq(1 << 40), entry.host_addr.eq(_BENCH_HOST),
+                rx.i_write.valid.eq(~loaded), rx.i_write.payload.index.eq(write["index"]),
+                *(rx.i_write.payload.entry[name].eq(value)
+                  for name, value in write["entry"].items()),
                 rx.o_place.ready.eq(1), rx.o_fault.ready.eq(1), rx.o_error.ready.eq(1),
                 rx.o_header.ready.eq(1), rx.o_payload.ready.eq(1), rx.o_complete.ready.eq(1),
                 rx.o_read_done.ready.eq(1),
@@ -677,7 +672,6 @@ def _configured_receiver(width):
 
 
 def rx_chain():
-    from iwarp_model.wire.fpdu import Framer
     from iwarp_model.wire.rdmap import Opcode, Segment
 
     from .beats import from_beats
@@ -686,8 +680,7 @@ def rx_chain():
     payloads = [rng.randbytes(4096) for _ in range(200)]
     ulpdus = [Segment(Opcode.WRITE, p, stag=_BENCH_STAG, to=4096 * k).encode()
               for k, p in enumerate(payloads)]
-    framer = Framer(crc=True, markers=True)
-    stream = b"".join(framer.frame(u) for u in ulpdus)
+    stream = _train(ulpdus)
     ceiling = round(sum(map(len, payloads)) / len(stream), 4)
     for width in (8, 64):
         player = BeatPlayer(f"iwarp_ddp_receive_bench_w{width}", _configured_receiver(width))
@@ -701,7 +694,7 @@ def rx_chain():
                      round(len(stream) / (width * cycles), 4), "fraction", 0.99)
         yield record("RX chain placed payload bytes per cycle", f"{config}, ceiling {ceiling}",
                      round(sum(map(len, payloads)) / (width * cycles), 4), "fraction")
-        one = player.play([Framer(crc=True, markers=True).frame(ulpdus[0])], tag="one")
+        one = player.play([_train(ulpdus[:1])], tag="one")
         yield record("RX chain latency to placement request",
                      f"{width} B/beat, one 4 KiB RDMA Write, idle",
                      one.cycles[0] - one.stats["last_in_cycle"], "cycles")

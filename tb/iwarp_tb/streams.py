@@ -85,13 +85,15 @@ class StreamPort:
 
 
 async def send(bus, port: StreamPort, transfers: Iterable[dict], *, rng: random.Random = None,
-               idle: float = 0.0, timeout: int = 10_000):
+               idle=0.0, timeout: int = 10_000):
     """Offer each transfer in turn, holding it until accepted; before each one, insert idle
-    cycles (valid low) with probability ``idle`` per cycle. Raises :class:`StreamTimeout` when
-    one transfer waits ``timeout`` cycles for ``ready``."""
+    cycles (valid low) with probability ``idle`` per cycle (a number, or a function giving it
+    each cycle). Raises :class:`StreamTimeout` when one transfer waits ``timeout`` cycles for
+    ``ready``."""
+    chance = idle if callable(idle) else lambda: idle
     bus.set(port.valid, 0)
     for transfer in transfers:
-        while rng is not None and rng.random() < idle:
+        while rng is not None and rng.random() < chance():
             bus.set(port.valid, 0)
             await bus.edge()
         for name, value in transfer.items():

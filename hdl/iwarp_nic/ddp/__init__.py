@@ -11,7 +11,7 @@ from .placement import (
     ReceiveCompletion,
     SegmentPlacer,
 )
-from .receive import ConnectionsReceiver, StreamReceiver
+from .receive import ConnectionsPlacer, ConnectionsReceiver, StreamReceiver
 from .rtr import RtrCheck
 from .segment import HEAD_BYTES, SegmentHeader, SegmentParser
 from .send import StreamSender
@@ -26,8 +26,8 @@ from .stag import (
     StagWrite,
 )
 
-__all__ = ["StreamReceiver", "ConnectionsReceiver", "RtrCheck", "StreamSender", "SegmentEmitter",
-           "Message", "Fetch",
+__all__ = ["StreamReceiver", "ConnectionsReceiver", "ConnectionsPlacer", "RtrCheck",
+           "StreamSender", "SegmentEmitter", "Message", "Fetch",
            "SegmentParser", "SegmentHeader", "HEAD_BYTES", "SegmentPlacer", "PlaceRequest",
            "PostedReceive", "CompletionStatus", "ReceiveCompletion", "OutstandingRead", "ReadDone",
            "StagTable", "Access", "Fault", "Entry", "StagWrite", "LookupRequest",

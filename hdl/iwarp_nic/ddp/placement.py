@@ -53,12 +53,12 @@ from ..exact import (
 from ..fifo import PacketFifo
 from ..headers import ATOMIC_RESPONSE, DDP_UNTAGGED
 from ..stream import BeatLayout, BeatStream, SkidBuffer, check_data_bytes
-from ..tcp.layouts import conn_bits, with_conn, without_conn
+from ..tcp.layouts import ConnRef, conn_bits, with_conn, without_conn
 from .segment import INVALIDATE_OPCODES, QUEUE, SegmentHeader
 from .stag import Access, Fault, InvalidateRequest, LookupRequest, LookupResult
 
 __all__ = ["PlaceRequest", "PostedReceive", "CompletionStatus", "ReceiveCompletion",
-           "OutstandingRead", "ReadDone", "OpenContext", "ConnRef", "ReceiveOffer", "OldestRead",
+           "OutstandingRead", "ReadDone", "OpenContext", "ReceiveOffer", "OldestRead",
            "SegmentPlacer"]
 
 _WRITE, _READ_RESPONSE, _ATOMIC_RESPONSE = 0, 2, 11
@@ -111,11 +111,6 @@ def OpenContext(conns, pd_bits):
     slot: the stream's protection domain, and ``send_rtr`` when the peer's Send RTR (RFC 6581
     section 7) used queue 0's MSN 1."""
     return StructLayout({"conn": conn_bits(conns), "pd": pd_bits, "send_rtr": 1})
-
-
-def ConnRef(conns):
-    """Several connections: a question about connection ``conn``, or what it has finished."""
-    return StructLayout({"conn": conn_bits(conns)})
 
 
 #: Several connections: the answer to a question for a connection's next posted receive: the

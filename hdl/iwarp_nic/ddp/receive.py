@@ -139,13 +139,12 @@ class StreamReceiver(wiring.Component):
         return m
 
 
-class ConnectionsReceiver(wiring.Component):
-    """The receive path of ``conns`` connections: the TCP engine's chunks in; startup frames
-    for the host, and every connection's placements, completions, ends of Reads, Terminate
-    requests and other segments out, each naming its connection.
+class ConnectionsPlacer(wiring.Component):
+    """The DDP half of :class:`ConnectionsReceiver`: the ULPDUs of ``conns`` connections in
+    (the several-connection deframer's packets, each beat naming its connection), every
+    connection's placements and events out.
 
-    It chains the :class:`~iwarp_nic.mpa.MpaReceiver` (gather and deframer), the
-    several-connection :class:`~.segment.SegmentParser` and
+    It chains the several-connection :class:`~.segment.SegmentParser` and
     :class:`~.placement.SegmentPlacer`, with the :class:`~.stag.StagTable` (the placer's
     lookups and invalidations only) and the
     :class:`~iwarp_nic.rdmap.outstanding.OutstandingTable` the placer asks for each
@@ -153,13 +152,11 @@ class ConnectionsReceiver(wiring.Component):
 
     Ports
     -----
-    i_header, i, i_cmd, o_startup_header, o_startup, o_error :
-        The :class:`~iwarp_nic.mpa.MpaReceiver`'s: chunks, the host's ``START`` and ``FPDUS``,
-        the startup frames, a connection's deframing failure (its FPDUs then stop, and so does
-        its placement, without a Terminate request of the placer's).
+    i : In(BeatStream(data_bytes, err=True, conns=conns))
+        The ULPDU packets (``err``: the FPDU was bad; its connection then places nothing more).
     i_open : In(stream.Signature(OpenContext(conns, pd_bits)))
-        A connection's placer context made afresh and its outstanding Reads cleared, as a new
-        stream takes the slot; before its ``FPDUS``.
+        A connection's placer context made afresh and its outstanding Reads cleared, taken by
+        both in one cycle, as a new stream takes the slot; before its first segment.
     i_push : In(stream.Signature(with_conn(OutstandingRead, conns)))
         A Read or atomic whose request was sent (the requester's).
     i_write : In(stream.Signature(StagWrite(pd_bits, log2(stag_entries))))
@@ -168,43 +165,34 @@ class ConnectionsReceiver(wiring.Component):
     o_payload :
         The several-connection placer's.
 
-    The placer's payload FIFO holds ``ring_bytes`` octets, more than the largest ULPDU the
-    gather takes (:attr:`max_ulpdu`). Throughput and latency: the MpaReceiver's, then the
-    placer's (two cycles more for a segment whose connection differs from the last one's).
+    Throughput and latency: the parser's and the placer's (two cycles more for a segment
+    whose connection differs from the last one's).
     """
 
-    def __init__(self, data_bytes, *, conns=16, ring_bytes=4096, max_chunk=1460,
-                 stag_entries=4096, pd_bits=16, ord_depth=32):
+    def __init__(self, data_bytes, *, conns=16, fifo_beats=512, stag_entries=4096,
+                 pd_bits=16, ord_depth=32):
         self.data_bytes = check_data_bytes(data_bytes)
-        self._mpa = MpaReceiver(data_bytes, conns=conns, ring_bytes=ring_bytes,
-                                max_chunk=max_chunk)
+        self.conns = conns
         self._placer = placement.SegmentPlacer(data_bytes, pd_bits=pd_bits, conns=conns,
-                                               fifo_beats=-(-ring_bytes // data_bytes))
+                                               fifo_beats=fifo_beats)
         self._table = StagTable(stag_entries, pd_bits=pd_bits)
         self._outstanding = OutstandingTable(conns, ord_depth)
-        self.conns = conns
-        self.max_ulpdu = self._mpa.max_ulpdu
-        mpa, placer = self._mpa.signature.members, self._placer.signature.members
+        placer = self._placer.signature.members
         super().__init__({
-            **{name: mpa[name] for name in ("i_header", "i", "i_cmd", "o_startup_header",
-                                              "o_startup", "o_error")},
+            "i": In(BeatStream(data_bytes, err=True, conns=conns)),
             "i_open": placer["i_open"],
             "i_push": self._outstanding.signature.members["i_push"],
             "i_write": self._table.signature.members["i_write"],
-            **{name: placer[name] for name in _PLACER_OUTPUTS},
+            **{name: placer[name] for name in _PLACER_PORTS},
         })
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.mpa, m.submodules.placer = mpa, placer = self._mpa, self._placer
+        m.submodules.placer = placer = self._placer
         m.submodules.table = table = self._table
         m.submodules.outstanding = outstanding = self._outstanding
         m.submodules.parser = parser = SegmentParser(self.data_bytes, conns=self.conns)
-        for name in ("i_header", "i", "i_cmd"):
-            wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(mpa, name))
-        for name in ("o_startup_header", "o_startup", "o_error"):
-            wiring.connect(m, getattr(mpa, name), wiring.flipped(getattr(self, name)))
-        wiring.connect(m, mpa.o, parser.i)
+        wiring.connect(m, wiring.flipped(self.i), parser.i)
         wiring.connect(m, parser.o_header, placer.i_header)
         wiring.connect(m, parser.o_payload, placer.i_payload)
         wiring.connect(m, placer.o_lookup, table.i_check)
@@ -224,15 +212,71 @@ class ConnectionsReceiver(wiring.Component):
                      placer.i_open.valid.eq(opening.valid & clear.ready),
                      clear.valid.eq(opening.valid & placer.i_open.ready),
                      opening.ready.eq(placer.i_open.ready & clear.ready)]
-        for name in _PLACER_OUTPUTS:
-            port = getattr(placer, name)
-            if name.startswith("i_"):
-                wiring.connect(m, wiring.flipped(getattr(self, name)), port)
-            else:
-                wiring.connect(m, port, wiring.flipped(getattr(self, name)))
+        _pass_through(m, self, placer, _PLACER_PORTS)
         return m
 
 
-#: The placer's ports a :class:`ConnectionsReceiver` passes through.
-_PLACER_OUTPUTS = ("o_ask_receive", "i_receive", "o_place", "o_data", "o_complete",
-                   "o_read_done", "o_fault", "o_header", "o_payload")
+class ConnectionsReceiver(wiring.Component):
+    """The receive path of ``conns`` connections: the TCP engine's chunks in; startup frames
+    for the host, and every connection's placements, completions, ends of Reads, Terminate
+    requests and other segments out, each naming its connection.
+
+    It chains the :class:`~iwarp_nic.mpa.MpaReceiver` (gather and deframer) and the
+    :class:`ConnectionsPlacer` (segment parser and placer, STag table, outstanding Reads).
+
+    Ports
+    -----
+    i_header, i, i_cmd, o_startup_header, o_startup, o_error :
+        The :class:`~iwarp_nic.mpa.MpaReceiver`'s: chunks, the host's ``START`` and ``FPDUS``,
+        the startup frames, a connection's deframing failure (its FPDUs then stop, and so does
+        its placement, without a Terminate request of the placer's).
+    i_open, i_push, i_write, o_ask_receive, i_receive, o_place, o_data, o_complete,
+    o_read_done, o_fault, o_header, o_payload :
+        The :class:`ConnectionsPlacer`'s (``i_open`` before the connection's ``FPDUS``).
+
+    The placer's payload FIFO holds ``ring_bytes`` octets, more than the largest ULPDU the
+    gather takes (:attr:`max_ulpdu`). Throughput and latency: the MpaReceiver's, then the
+    :class:`ConnectionsPlacer`'s.
+    """
+
+    def __init__(self, data_bytes, *, conns=16, ring_bytes=4096, max_chunk=1460,
+                 stag_entries=4096, pd_bits=16, ord_depth=32):
+        self.data_bytes = check_data_bytes(data_bytes)
+        self._mpa = MpaReceiver(data_bytes, conns=conns, ring_bytes=ring_bytes,
+                                max_chunk=max_chunk)
+        self._placement = ConnectionsPlacer(
+            data_bytes, conns=conns, fifo_beats=-(-ring_bytes // data_bytes),
+            stag_entries=stag_entries, pd_bits=pd_bits, ord_depth=ord_depth)
+        self.conns = conns
+        self.max_ulpdu = self._mpa.max_ulpdu
+        mpa, placement_ports = self._mpa.signature.members, self._placement.signature.members
+        super().__init__({
+            **{name: mpa[name] for name in _MPA_PORTS},
+            **{name: placement_ports[name] for name in _PLACEMENT_PORTS},
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.mpa, m.submodules.placement = mpa, placement = self._mpa, self._placement
+        _pass_through(m, self, mpa, _MPA_PORTS)
+        _pass_through(m, self, placement, _PLACEMENT_PORTS)
+        wiring.connect(m, mpa.o, placement.i)
+        return m
+
+
+def _pass_through(m, outer, inner, names):
+    """Connect ``outer``'s ports ``names`` to ``inner``'s of the same names."""
+    for name in names:
+        if name.startswith("i"):
+            wiring.connect(m, wiring.flipped(getattr(outer, name)), getattr(inner, name))
+        else:
+            wiring.connect(m, getattr(inner, name), wiring.flipped(getattr(outer, name)))
+
+
+#: The placer's ports a :class:`ConnectionsPlacer` passes through.
+_PLACER_PORTS = ("o_ask_receive", "i_receive", "o_place", "o_data", "o_complete",
+                 "o_read_done", "o_fault", "o_header", "o_payload")
+#: The ports a :class:`ConnectionsReceiver` passes through: the MpaReceiver's, and the
+#: ConnectionsPlacer's but its input.
+_MPA_PORTS = ("i_header", "i", "i_cmd", "o_startup_header", "o_startup", "o_error")
+_PLACEMENT_PORTS = ("i_open", "i_push", "i_write", *_PLACER_PORTS)

@@ -16,9 +16,9 @@ from amaranth.lib.data import StructLayout
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from ..ddp.placement import ConnRef, OldestRead, OutstandingRead
+from ..ddp.placement import OldestRead, OutstandingRead
 from ..exact import add, is_zero, lt, sub, wrap_add
-from ..tcp.layouts import conn_bits, with_conn, without_conn
+from ..tcp.layouts import ConnRef, conn_bits, with_conn, without_conn
 
 __all__ = ["OutstandingTable"]
 

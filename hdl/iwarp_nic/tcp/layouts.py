@@ -13,7 +13,7 @@ byte of sequence number ``s`` of connection ``c`` lives at ring offset ``s mod r
 from amaranth.lib import data, enum
 
 __all__ = ["FIN", "SYN", "RST", "PSH", "ACK", "URG", "ECE", "CWR",
-           "conn_bits", "with_conn", "without_conn", "ConnKey", "RxSegment", "TxSegment",
+           "conn_bits", "ConnRef", "with_conn", "without_conn", "ConnKey", "RxSegment", "TxSegment",
            "RingRequest", "ChunkHeader", "CommandOp", "Command", "EventKind", "Event"]
 
 # RFC 9293 section 3.1 control bits, as the values of the header's ``flags`` byte.
@@ -25,6 +25,11 @@ def conn_bits(conns):
     if not isinstance(conns, int) or conns < 1:
         raise ValueError(f"conns must be a positive integer, not {conns!r}")
     return max(1, (conns - 1).bit_length())
+
+
+def ConnRef(conns):
+    """A connection named alone: a question about it, a request for it, or what it finished."""
+    return data.StructLayout({"conn": conn_bits(conns)})
 
 
 def with_conn(layout, conns):

@@ -18,7 +18,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from ..exact import Machine, add, eq, lt, ne
-from .layouts import ConnKey, conn_bits
+from .layouts import ConnKey, ConnRef, conn_bits
 
 __all__ = ["ConnLookup", "LookupResult", "InsertRequest", "RemoveRequest", "bucket_hash",
            "hash_round1", "hash_round2"]
@@ -36,7 +36,7 @@ def InsertRequest(conns):
 
 def RemoveRequest(conns):
     """Drop the entry of connection ``conn``, if it has one."""
-    return data.StructLayout({"conn": conn_bits(conns)})
+    return ConnRef(conns)
 
 
 def _link(conns):
