@@ -33,6 +33,7 @@ from .rdmap import (
     AtomicExecutor,
     HostRead,
     HostWord,
+    Refused,
     RequestIssuer,
     RequestResponder,
     SendScheduler,
@@ -80,7 +81,8 @@ class IwarpEngine(wiring.Component):
     o_atomic_read, i_atomic_read, o_atomic_write
         The atomic executor's read-modify-write of host memory.
     o_complete, o_read_done, o_refused : Out
-        Receive completions, the ends of Reads and atomics, work refused for an ORD of 0.
+        Receive completions, the ends of Reads and atomics, work refused for an ORD of 0 (and
+        each work request after it, flushed).
     o_fault : Out(stream.Signature(Violation))
         The violation this end found first, which its Terminate reports.
     o_peer_terminate : Out(stream.Signature(TerminateHeader))
@@ -122,7 +124,7 @@ class IwarpEngine(wiring.Component):
             "o_atomic_write": Out(stream.Signature(HostWord)),
             "o_complete": Out(stream.Signature(ReceiveCompletion)),
             "o_read_done": Out(stream.Signature(ReadDone)),
-            "o_refused": Out(stream.Signature(16)),
+            "o_refused": Out(stream.Signature(Refused)),
             "o_fault": Out(stream.Signature(Violation)),
             "o_peer_terminate": Out(stream.Signature(TerminateHeader)),
         })

@@ -97,6 +97,7 @@ def tops():
     tops["iwarp_rdmap_request_responder"] = RequestResponder
     tops["iwarp_rdmap_atomic_executor"] = AtomicExecutor
     tops["iwarp_rdmap_request_issuer"] = RequestIssuer
+    tops["iwarp_rdmap_request_issuer_c16"] = lambda: RequestIssuer(conns=16)
     tops["iwarp_rdmap_outstanding_c16"] = lambda: OutstandingTable(16)
     tops["iwarp_ddp_rtr_check"] = RtrCheck
     tops["iwarp_ddp_stag_e256"] = lambda: StagTable(256)

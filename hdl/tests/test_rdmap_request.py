@@ -30,7 +30,9 @@ from iwarp_model.wire.rdmap import (
     Segment,
 )
 from iwarp_nic.ddp.send import StreamSender
-from iwarp_nic.rdmap import RequestIssuer, SendScheduler, WorkRequest
+from iwarp_nic.rdmap import OutstandingTable, RequestIssuer, SendScheduler, WorkRequest
+from iwarp_nic.rdmap.respond import OutboundMessage
+from iwarp_nic.tcp.layouts import without_conn
 from iwarp_tb.amsim import run
 from iwarp_tb.stags import HostTable
 from iwarp_tb.streams import (
@@ -58,15 +60,19 @@ class TxPath(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.issuer, m.submodules.scheduler = self.issuer, self.scheduler
-        m.submodules.sender = self.sender
-        sch, snd = self.scheduler, self.sender
-        wiring.connect(m, self.issuer.o_send, sch.i_send)
-        wiring.connect(m, sch.o_message, snd.i_message)
-        wiring.connect(m, snd.o_fetch, sch.i_fetch)
-        wiring.connect(m, sch.o_payload, snd.i_payload)
-        m.d.comb += sch.i_response.valid.eq(0)
+        m.submodules.issuer = self.issuer
+        wiring.connect(m, self.issuer.o_send, transmit_chain(m, self.scheduler, self.sender))
         return m
+
+
+def transmit_chain(m, scheduler, sender, name=""):
+    """``scheduler`` feeding ``sender`` (no responses) in ``m``: the scheduler's send input."""
+    m.submodules[f"scheduler{name}"], m.submodules[f"sender{name}"] = scheduler, sender
+    wiring.connect(m, scheduler.o_message, sender.i_message)
+    wiring.connect(m, sender.o_fetch, scheduler.i_fetch)
+    wiring.connect(m, scheduler.o_payload, sender.i_payload)
+    m.d.comb += scheduler.i_response.valid.eq(0)
+    return scheduler.i_send
 
 
 class Driver:
@@ -142,16 +148,22 @@ class Driver:
 
     def answer_oldest(self):
         """Complete the engine's oldest Read or atomic (its response, framed by the peer):
-        the octets the engine sends then."""
+        the octets the engine sends then. The answer is what its sink holds already, so the
+        memory the gateware reads its payloads from stays the memory the engine sent from."""
         head = self.conn._outstanding[0]
+        sink = self.memory[head.sink_to - self.region.iova:][:head.size]
         if head.request_id is None:
-            segment = Segment(Opcode.READ_RESPONSE, bytes(head.size), stag=head.sink_stag,
-                              to=head.sink_to)
+            room = 1024                 # octets per segment, under any MULPDU used here
+            segments = [Segment(Opcode.READ_RESPONSE, bytes(sink[at:at + room]),
+                                last=at + room >= head.size, stag=head.sink_stag,
+                                to=head.sink_to + at) for at in range(0, head.size or 1, room)]
         else:
-            segment = Segment(Opcode.ATOMIC_RESPONSE, msn=self.peer._tx_msn[3],
-                              header=AtomicResponse(head.request_id, 0))
+            segments = [Segment(Opcode.ATOMIC_RESPONSE, msn=self.peer._tx_msn[3],
+                                header=AtomicResponse(head.request_id,
+                                                      int.from_bytes(sink, "little")))]
             self.peer._tx_msn[3] += 1
-        self.conn.receive(self.peer._framer.frame(segment.encode()))
+        for segment in segments:
+            self.conn.receive(self.peer._framer.frame(segment.encode()))
         return self.conn.transmit()
 
     def outstanding(self):
@@ -263,7 +275,7 @@ def test_ord():
 
 def test_ord_zero():
     """ORD 0: a Send goes, the Read after it is refused, and nothing after it is sent (the
-    engine puts the send queue in error)."""
+    engine puts the send queue in error): the Send after it is taken and given back flushed."""
     rng = random.Random(7)
     driver = Driver(rng, ord_=0)
     for k, op in enumerate([WrOpcode.SEND, WrOpcode.RDMA_READ, WrOpcode.SEND]):
@@ -273,7 +285,7 @@ def test_ord_zero():
     wanted = driver.conn.transmit()
     got = simulate(8, driver, seed=7, ord_=0)
     assert b"".join(bytes(f) for f in got["fpdus"]) == wanted
-    assert [r["data"] for r in got["refused"]] == [1]
+    assert [(r["id"], r["flushed"]) for r in got["refused"]] == [(1, 0), (2, 1)]
 
 
 @pytest.mark.tshark
@@ -297,3 +309,145 @@ def test_tshark(tmp_path):
         for fpdu in got["fpdus"]:
             capture.sent(bytes(fpdu))
     check_fpdus(path, Deframer(crc=True, markers=False).feed(wanted))
+
+
+class ConnectionsTxPath(wiring.Component):
+    """The issuer of ``conns`` connections and the OutstandingTable it fills; each connection's
+    messages to a scheduler and sender of its own (the test's stand-in for a transmit side of
+    several connections), its host reads and the table's questions to the test."""
+
+    def __init__(self, n, conns):
+        self.issuer, self.table = RequestIssuer(conns=conns), OutstandingTable(conns)
+        self.paths = [(SendScheduler(n), StreamSender(n)) for _ in range(conns)]
+        super().__init__({})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.issuer, m.submodules.table = iss, table = self.issuer, self.table
+        wiring.connect(m, iss.o_outstanding, table.i_push)
+        m.d.comb += [table.count_conn.eq(iss.outstanding_conn), iss.outstanding.eq(table.count)]
+        sent = iss.o_send
+        for conn, (scheduler, sender) in enumerate(self.paths):
+            i_send = transmit_chain(m, scheduler, sender, conn)
+            mine = sent.payload.conn == conn
+            m.d.comb += [i_send.valid.eq(sent.valid & mine),
+                         i_send.payload.eq(without_conn(sent.payload, OutboundMessage))]
+            with m.If(mine):
+                m.d.comb += sent.ready.eq(i_send.ready)
+        return m
+
+
+def simulate_connections(n, drivers, *, seed, retires):
+    """``drivers``' work requests, one connection each, through :class:`ConnectionsTxPath`:
+    each connection's octets once the path has gone quiet (``got["after"]``, a list of lists),
+    then again after each of ``retires`` (connections whose oldest outstanding entry the test
+    reads from the table and retires, in that order); the entries read; the refusals. The send
+    queue engine offers a random connection's next work request each cycle it is not idle; a
+    deferred one sends that connection back to it, offered again after a random wait."""
+    conns = len(drivers)
+    dut = ConnectionsTxPath(n, conns)
+    got = {"taken": [], "deferred": []}
+    iss = dut.issuer
+
+    async def host(ctx):
+        rng = random.Random(seed)
+        port, deferred = iss.i_work, iss.o_deferred
+        at, rest, last = [0] * conns, [0] * conns, None
+        ctx.set(deferred.ready, 1)
+        while True:
+            live = [c for c in range(conns) if at[c] < len(drivers[c].work) and not rest[c]]
+            offer = rng.choice(live) if live and rng.random() >= IDLE else None
+            if offer is not None:
+                bits = WorkRequest.const(drivers[offer].work[at[offer]]).as_bits()
+                ctx.set(port.payload.as_value(), bits | offer << WorkRequest.size)
+            ctx.set(port.valid, offer is not None)
+            _, _, ready, back, back_conn, back_id = await ctx.tick().sample(
+                port.ready, deferred.valid, deferred.payload.conn, deferred.payload.id)
+            rest = [max(0, r - 1) for r in rest]
+            taken = (offer, at[offer]) if offer is not None and ready else None
+            if taken:
+                at[offer] += 1
+            if back:        # the deferral of the work request taken at the last edge
+                conn, index = last
+                assert (back_conn, back_id) == (conn, drivers[conn].work[index]["id"])
+                got["deferred"].append((conn, index))
+                at[conn], rest[conn] = min(at[conn], index), rng.randrange(5, 60)
+            last = taken
+
+    def octets():
+        return [b"".join(bytes(f) for f in got[f"fpdus{c}"]) for c in range(conns)]
+
+    async def control(ctx):
+        bus = AmaranthBus(ctx)
+        for driver, (_, sender) in zip(drivers, dut.paths):
+            ctx.set(sender.max_ulpdu, driver.max_ulpdu)
+            ctx.set(sender.crc, driver.crc)
+            ctx.set(sender.markers, driver.markers)
+        await send(bus, StreamPort.amaranth(iss.i_open),
+                   [{"conn": c, "ord": d.conn.ord} for c, d in enumerate(drivers)])
+        quiet = [s.o for _, s in dut.paths] + [sch.o_read for sch, _ in dut.paths]
+        await until_quiet(ctx, quiet, 300)
+        got["after"] = [octets()]
+        for conn in retires:
+            await send(bus, StreamPort.amaranth(dut.table.i_ask), [{"conn": conn}])
+            (entry,) = await recv(bus, StreamPort.amaranth(dut.table.o_oldest), 1)
+            got["taken"].append((conn, entry))
+            await send(bus, StreamPort.amaranth(dut.table.i_retire), [{"conn": conn}])
+            await until_quiet(ctx, quiet, 300)
+            got["after"].append(octets())
+
+    def reads(conn):
+        scheduler, driver = dut.paths[conn][0], drivers[conn]
+
+        async def bench(ctx):
+            bus, rng = AmaranthBus(ctx), random.Random(seed + 1 + conn)
+            while True:
+                (read,) = await recv(bus, StreamPort.amaranth(scheduler.o_read), 1, rng=rng,
+                                     stall=STALL, timeout=1 << 30)
+                await send_packets(bus, StreamPort.amaranth(scheduler.i_host),
+                                   [driver.read_host(read["addr"], read["length"])], n,
+                                   rng=rng, idle=IDLE)
+        return bench
+
+    run(dut, control, monitors=[host, collector(got, "refused", iss.o_refused)] + [
+        reads(c) for c in range(conns)] + [
+        collector(got, f"fpdus{c}", sender.o, data_bytes=n, rng=random.Random(seed + 9 + c),
+                  stall=STALL) for c, (_, sender) in enumerate(dut.paths)],
+        name=f"rdmap_request_c{conns}_w{n}")
+    return got
+
+
+@pytest.mark.parametrize("n", [1, 8, 64])
+def test_connections(n):
+    """Four connections' work requests interleaved at random, each connection against its own
+    model engine: one with ORD 2 and a fence (its Reads deferred and offered again while the
+    others go on), two with random work of every kind and their own CRC and marker settings
+    (one of them with ORD 3), one with ORD 0 (its Read refused, the rest flushed). After the
+    path goes quiet, the test completes outstanding entries (read from the table, then
+    retired) of the connections in a random order: after each, every connection has sent what
+    its engine has sent by then, and each entry read is its engine's oldest Read or atomic."""
+    rng = random.Random(100 + n)
+    drivers = [Driver(rng, ord_=2), Driver(rng, ord_=3, crc=True, markers=False),
+               Driver(rng, crc=False, markers=True), Driver(rng, ord_=0)]
+    post_ops(drivers[0], ORD_OPS, fence_at=4)
+    for driver in drivers[1:3]:
+        for k in range(6 if n == 1 else 16):
+            driver.post(driver.random_wr(k))
+    post_ops(drivers[3], [WrOpcode.SEND, WrOpcode.RDMA_READ, WrOpcode.SEND, WrOpcode.RDMA_WRITE])
+    steps = [[d.conn.transmit()] for d in drivers]
+    retires, expected = [], []             # every outstanding entry completed, interleaved
+    while busy := [c for c, d in enumerate(drivers) if d.conn._outstanding]:
+        conn = rng.choice(busy)
+        retires.append(conn)
+        expected.append((conn, dict(drivers[conn].outstanding()[0], present=1)))
+        steps[conn].append(drivers[conn].answer_oldest())
+    got = simulate_connections(n, drivers, seed=n, retires=retires)
+    counts = [0] * len(drivers)
+    for k, snapshot in enumerate(got["after"]):
+        if k:
+            counts[retires[k - 1]] += 1
+        assert snapshot == [b"".join(s[:counts[c] + 1]) for c, s in enumerate(steps)], k
+    assert got["taken"] == expected and retires.count(0) > 2
+    assert 0 in {c for c, _ in got["deferred"]}
+    assert [(r["conn"], r["id"], r["flushed"]) for r in got["refused"]] == [
+        (3, 1, 0), (3, 2, 1), (3, 3, 1)]

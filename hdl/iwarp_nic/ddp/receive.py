@@ -157,8 +157,9 @@ class ConnectionsPlacer(wiring.Component):
     i_open : In(stream.Signature(OpenContext(conns, pd_bits)))
         A connection's placer context made afresh and its outstanding Reads cleared, taken by
         both in one cycle, as a new stream takes the slot; before its first segment.
-    i_push : In(stream.Signature(with_conn(OutstandingRead, conns)))
-        A Read or atomic whose request was sent (the requester's).
+    i_push, count_conn, count :
+        The :class:`~iwarp_nic.rdmap.outstanding.OutstandingTable`'s, for the requester: a
+        Read or atomic whose request was sent, and a connection's number outstanding.
     i_write : In(stream.Signature(StagWrite(pd_bits, log2(stag_entries))))
         STag table entries from the host.
     o_ask_receive, i_receive, o_place, o_data, o_complete, o_read_done, o_fault, o_header,
@@ -181,7 +182,7 @@ class ConnectionsPlacer(wiring.Component):
         super().__init__({
             "i": In(BeatStream(data_bytes, err=True, conns=conns)),
             "i_open": placer["i_open"],
-            "i_push": self._outstanding.signature.members["i_push"],
+            **{name: self._outstanding.signature.members[name] for name in _OUTSTANDING_PORTS},
             "i_write": self._table.signature.members["i_write"],
             **{name: placer[name] for name in _PLACER_PORTS},
         })
@@ -203,7 +204,7 @@ class ConnectionsPlacer(wiring.Component):
         wiring.connect(m, placer.o_ask_oldest, outstanding.i_ask)
         wiring.connect(m, outstanding.o_oldest, placer.i_oldest)
         wiring.connect(m, placer.o_retire, outstanding.i_retire)
-        wiring.connect(m, wiring.flipped(self.i_push), outstanding.i_push)
+        _pass_through(m, self, outstanding, _OUTSTANDING_PORTS)
         # i_open goes to the placer and, as a clear, to the outstanding Reads: taken by both
         # in one cycle.
         opening, clear = self.i_open, outstanding.i_clear
@@ -230,8 +231,8 @@ class ConnectionsReceiver(wiring.Component):
         The :class:`~iwarp_nic.mpa.MpaReceiver`'s: chunks, the host's ``START`` and ``FPDUS``,
         the startup frames, a connection's deframing failure (its FPDUs then stop, and so does
         its placement, without a Terminate request of the placer's).
-    i_open, i_push, i_write, o_ask_receive, i_receive, o_place, o_data, o_complete,
-    o_read_done, o_fault, o_header, o_payload :
+    i_open, i_push, count_conn, count, i_write, o_ask_receive, i_receive, o_place, o_data,
+    o_complete, o_read_done, o_fault, o_header, o_payload :
         The :class:`ConnectionsPlacer`'s (``i_open`` before the connection's ``FPDUS``).
 
     The placer's payload FIFO holds ``ring_bytes`` octets, more than the largest ULPDU the
@@ -267,10 +268,15 @@ class ConnectionsReceiver(wiring.Component):
 def _pass_through(m, outer, inner, names):
     """Connect ``outer``'s ports ``names`` to ``inner``'s of the same names."""
     for name in names:
-        if name.startswith("i"):
-            wiring.connect(m, wiring.flipped(getattr(outer, name)), getattr(inner, name))
+        member, mine, theirs = outer.signature.members[name], getattr(outer, name), \
+            getattr(inner, name)
+        inward = member.flow == wiring.In
+        if member.is_port:
+            m.d.comb += theirs.eq(mine) if inward else mine.eq(theirs)
+        elif inward:
+            wiring.connect(m, wiring.flipped(mine), theirs)
         else:
-            wiring.connect(m, getattr(inner, name), wiring.flipped(getattr(outer, name)))
+            wiring.connect(m, theirs, wiring.flipped(mine))
 
 
 #: The placer's ports a :class:`ConnectionsPlacer` passes through.
@@ -279,4 +285,6 @@ _PLACER_PORTS = ("o_ask_receive", "i_receive", "o_place", "o_data", "o_complete"
 #: The ports a :class:`ConnectionsReceiver` passes through: the MpaReceiver's, and the
 #: ConnectionsPlacer's but its input.
 _MPA_PORTS = ("i_header", "i", "i_cmd", "o_startup_header", "o_startup", "o_error")
-_PLACEMENT_PORTS = ("i_open", "i_push", "i_write", *_PLACER_PORTS)
+#: The OutstandingTable's ports a :class:`ConnectionsPlacer` passes through (the requester's).
+_OUTSTANDING_PORTS = ("i_push", "count_conn", "count")
+_PLACEMENT_PORTS = ("i_open", *_OUTSTANDING_PORTS, "i_write", *_PLACER_PORTS)

@@ -5,12 +5,12 @@ stream sends next."""
 
 from .atomic import AtomicExecutor, HostAtomic, HostWord
 from .outstanding import OutstandingTable
-from .request import RequestIssuer, WorkRequest
+from .request import Refused, RequestIssuer, WorkRequest
 from .respond import OutboundMessage, RequestResponder
 from .schedule import HostRead, SendScheduler
 from .terminate import TerminateEmitter, TerminateHeader, TerminateParser, TerminateRequest
 
 __all__ = ["TerminateEmitter", "TerminateRequest", "TerminateParser", "TerminateHeader",
            "RequestResponder", "OutboundMessage", "SendScheduler", "HostRead",
-           "AtomicExecutor", "HostAtomic", "HostWord", "RequestIssuer", "WorkRequest",
+           "AtomicExecutor", "HostAtomic", "HostWord", "RequestIssuer", "Refused", "WorkRequest",
            "OutstandingTable"]

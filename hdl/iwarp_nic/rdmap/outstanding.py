@@ -10,7 +10,7 @@ per connection for the several-connection :class:`~..ddp.placement.SegmentPlacer
 ``o_ask_oldest``, ``i_oldest`` and ``o_retire``), all of them in one block RAM.
 """
 
-from amaranth import Cat, Module, Signal
+from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.data import StructLayout
 from amaranth.lib.memory import Memory
@@ -40,6 +40,9 @@ class OutstandingTable(wiring.Component):
         Connection ``conn``'s oldest is done: it is dropped.
     i_clear : In(stream.Signature(ConnRef(conns)))
         Connection ``conn`` is emptied: a new stream takes its slot.
+    count_conn, count : In(conn_bits(conns)), Out(bits of depth + 1)
+        How many entries connection ``count_conn`` has, combinationally (the requester's ORD
+        credit and fences): a retire, clear or push taken in a cycle is counted from the next.
 
     Order. Each cycle takes at most one of retire, clear and push, in that priority (retire is
     always ready; clear is ready when no retire is offered; push when neither is and its FIFO is
@@ -67,7 +70,7 @@ class OutstandingTable(wiring.Component):
 
     Bad input: a retire of an empty connection, and any operation on a ``conn`` of ``conns``
     or more, is taken and ignored (a question about such a connection is answered with
-    ``present`` 0).
+    ``present`` 0, and its ``count`` is 0).
     """
 
     def __init__(self, conns, depth=32):
@@ -83,6 +86,7 @@ class OutstandingTable(wiring.Component):
             "o_oldest": Out(stream.Signature(OldestRead)),
             "i_retire": In(stream.Signature(ConnRef(conns))),
             "i_clear": In(stream.Signature(ConnRef(conns))),
+            "count_conn": In(conn_bits(conns)), "count": Out(self._slot_bits + 1),
         })
 
     def elaborate(self, platform):
@@ -93,8 +97,11 @@ class OutstandingTable(wiring.Component):
                                                      init=[])
         m.submodules.entries = entry_mem = Memory(shape=OutstandingRead,
                                                   depth=self.conns * self.depth, init=[])
-        # op_rd: the connection of this cycle's retire, clear or push; ask_rd: the question's.
-        op_rd, ask_rd = pointer_mem.read_port(domain="comb"), pointer_mem.read_port(domain="comb")
+        # op_rd: the connection of this cycle's retire, clear or push; ask_rd: the question's;
+        # count_rd: the requester's.
+        op_rd, ask_rd, count_rd = (pointer_mem.read_port(domain="comb") for _ in range(3))
+        m.d.comb += [count_rd.addr.eq(self.count_conn),
+                     self.count.eq(Mux(lt(self.count_conn, self.conns), count_rd.data.count, 0))]
         ptr_wr = pointer_mem.write_port()
         entry_wr, entry_rd = entry_mem.write_port(), entry_mem.read_port()
 
