@@ -83,7 +83,9 @@ def tops():
         tops[f"iwarp_ddp_receive_c16_w{n}"] = lambda n=n: ConnectionsReceiver(n)
         tops[f"iwarp_ddp_emit_w{n}"] = lambda n=n: SegmentEmitter(n)
         tops[f"iwarp_ddp_send_w{n}"] = lambda n=n: StreamSender(n)
+        tops[f"iwarp_ddp_send_c16_w{n}"] = lambda n=n: StreamSender(n, conns=16)
         tops[f"iwarp_rdmap_send_scheduler_w{n}"] = lambda n=n: SendScheduler(n)
+        tops[f"iwarp_rdmap_send_scheduler_c16_w{n}"] = lambda n=n: SendScheduler(n, conns=16)
         tops[f"iwarp_engine_w{n}"] = lambda n=n: IwarpEngine(n)
     for n in (1, 8):
         tops[f"iwarp_mac_rx_cdc_w{n}"] = lambda n=n: MacRxCrossing(n)

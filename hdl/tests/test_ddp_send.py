@@ -16,9 +16,11 @@ from amaranth.lib import wiring
 
 from iwarp_model.mr import Access
 from iwarp_model.wire.fpdu import Framer
+from iwarp_nic.ddp.emit import Message
 from iwarp_nic.ddp.receive import StreamReceiver
 from iwarp_nic.ddp.send import StreamSender
 from iwarp_tb.amsim import run
+from iwarp_tb.beats import Beat, from_beats
 from iwarp_tb.messages import fetches, messages, segments_of
 from iwarp_tb.stags import HostTable
 from iwarp_tb.streams import (
@@ -226,3 +228,90 @@ def test_terminate(n):
     framer = Framer(crc=True, markers=True)
     wanted = [framer.frame(u) for u in ulpdus[:k]] + [framer.frame(terminate)]
     assert sent == wanted and k >= len([u for _, _, us in items[:1] for u in us])
+
+
+@pytest.mark.parametrize("n", [1, 8, 64])
+def test_connections(n):
+    """Four connections' messages, interleaved message by message, through one
+    ``StreamSender(conns=4)``, each connection with its own MULPDU, CRC and markers: each
+    connection's FPDUs (its beats told apart by ``conn``) are its model Framer's frames of its
+    segments, its markers placed by its own stream position. A Terminate for connection 1,
+    requested after some of its messages, is framed between two of its segments; nothing of
+    connection 1 follows it (its later segments are dropped), and the other connections'
+    FPDUs all go."""
+    from iwarp_model.wire.rdmap import Opcode, Segment
+    from iwarp_model.wire.terminate import ErrorCode, Terminate
+
+    rng = random.Random(150 + n)
+    settings = [(600, 1, 1), (1000, 1, 0), (300, 0, 1), (1460, 0, 0)]
+    count = 4 if n == 1 else 10
+    items = [messages(rng, count, mulpdu) for mulpdu, _, _ in settings]
+    order = [c for c in range(4) for _ in range(count)]
+    rng.shuffle(order)
+    cut = [k for k, c in enumerate(order) if c == 1][count // 2]     # the Terminate goes here
+    offending = items[1][0][2][0]
+    terminate = Segment(Opcode.TERMINATE, msn=1, header=Terminate.for_error(
+        ErrorCode.DDP_TAGGED_INVALID_STAG, offending)).encode()
+    sequence, taken = [], [0] * 4       # (conn, message item) in the order sent
+    for c in order:
+        sequence.append((c, items[c][taken[c]]))
+        taken[c] += 1
+    dut = StreamSender(n, conns=4)
+    got = {}
+
+    async def source(ctx):
+        bus = AmaranthBus(ctx)
+        await send(bus, StreamPort.amaranth(dut.i_open), [
+            {"conn": c, "max_ulpdu": mulpdu, "crc": crc, "markers": markers}
+            for c, (mulpdu, crc, markers) in enumerate(settings)])
+        port = StreamPort.amaranth(dut.i_message)
+        whole = StreamPort(port.valid, port.ready, {"bits": dut.i_message.payload.as_value()})
+
+        def bits(c, msg):
+            return {"bits": Message.const(msg).as_bits() | c << Message.size}
+        await send(bus, whole, [bits(c, msg) for c, (msg, _, _) in sequence[:cut]],
+                   rng=random.Random(n), idle=IDLE)
+        layer, etype, ecode = ErrorCode.DDP_TAGGED_INVALID_STAG.value
+        await send(bus, StreamPort.amaranth(dut.i_terminate), [{
+            "layer": layer, "etype": etype, "ecode": ecode, "msn": 1, "conn": 1,
+            "offending": int.from_bytes(offending[:46].ljust(46, b"\0"), "little"),
+            "offending_length": len(offending)}])
+        await send(bus, whole, [bits(c, msg) for c, (msg, _, _) in sequence[cut:]],
+                   rng=random.Random(n), idle=IDLE, timeout=1 << 30)
+
+    async def answer(ctx):
+        bus, r = AmaranthBus(ctx), random.Random(n + 1)
+        for c, item in sequence:
+            for payload, offset, length in fetches(settings[c][0], [item]):
+                fetch = (await recv(bus, StreamPort.amaranth(dut.o_fetch), 1, rng=r,
+                                    stall=STALL, timeout=1 << 30))[0]
+                assert (fetch["offset"], fetch["length"]) == (offset, length)
+                await send_packets(bus, StreamPort.amaranth(dut.i_payload),
+                                   [payload[offset:offset + length]], n, rng=r, idle=IDLE)
+
+    async def fpdus(ctx):
+        bus, r, beats = AmaranthBus(ctx), random.Random(n + 2), [[] for _ in settings]
+        got["fpdus"] = [[] for _ in settings]
+        while True:
+            (t,) = await recv(bus, StreamPort.amaranth(dut.o), 1, rng=r, stall=STALL,
+                              timeout=1 << 30)
+            beats[t["conn"]].append(Beat(t["data"], t["keep"], t["last"], t["err"]))
+            if t["last"]:
+                got["fpdus"][t["conn"]] += [bytes(p) for p in from_beats(beats[t["conn"]], n)]
+                beats[t["conn"]] = []
+
+    async def control(ctx):
+        await until_quiet(ctx, [dut.o, dut.o_fetch], 2000)
+
+    run(dut, control, monitors=[source, answer, fpdus], name=f"ddp_send_c4_w{n}")
+    for c, (_, crc, markers) in enumerate(settings):
+        framer = Framer(crc=bool(crc), markers=bool(markers))
+        ulpdus = [u for _, _, us in items[c] for u in us]
+        sent = got["fpdus"][c]
+        if c != 1:
+            assert sent == [framer.frame(u) for u in ulpdus], c
+            continue
+        k = len(sent) - 1
+        before = sum(len(us) for _, _, us in items[1][:count // 2])
+        assert sent == [framer.frame(u) for u in ulpdus[:k]] + [framer.frame(terminate)]
+        assert k <= before

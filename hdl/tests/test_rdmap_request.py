@@ -31,9 +31,8 @@ from iwarp_model.wire.rdmap import (
 )
 from iwarp_nic.ddp.send import StreamSender
 from iwarp_nic.rdmap import OutstandingTable, RequestIssuer, SendScheduler, WorkRequest
-from iwarp_nic.rdmap.respond import OutboundMessage
-from iwarp_nic.tcp.layouts import without_conn
 from iwarp_tb.amsim import run
+from iwarp_tb.beats import Beat, from_beats
 from iwarp_tb.stags import HostTable
 from iwarp_tb.streams import (
     AmaranthBus,
@@ -312,13 +311,14 @@ def test_tshark(tmp_path):
 
 
 class ConnectionsTxPath(wiring.Component):
-    """The issuer of ``conns`` connections and the OutstandingTable it fills; each connection's
-    messages to a scheduler and sender of its own (the test's stand-in for a transmit side of
-    several connections), its host reads and the table's questions to the test."""
+    """The transmit path of ``conns`` connections: issuer, scheduler and sender with
+    ``conns``, and the OutstandingTable the issuer fills (host reads, the table's questions
+    and retires to the test)."""
 
     def __init__(self, n, conns):
         self.issuer, self.table = RequestIssuer(conns=conns), OutstandingTable(conns)
-        self.paths = [(SendScheduler(n), StreamSender(n)) for _ in range(conns)]
+        self.scheduler = SendScheduler(n, conns=conns)
+        self.sender = StreamSender(n, conns=conns)
         super().__init__({})
 
     def elaborate(self, platform):
@@ -326,14 +326,7 @@ class ConnectionsTxPath(wiring.Component):
         m.submodules.issuer, m.submodules.table = iss, table = self.issuer, self.table
         wiring.connect(m, iss.o_outstanding, table.i_push)
         m.d.comb += [table.count_conn.eq(iss.outstanding_conn), iss.outstanding.eq(table.count)]
-        sent = iss.o_send
-        for conn, (scheduler, sender) in enumerate(self.paths):
-            i_send = transmit_chain(m, scheduler, sender, conn)
-            mine = sent.payload.conn == conn
-            m.d.comb += [i_send.valid.eq(sent.valid & mine),
-                         i_send.payload.eq(without_conn(sent.payload, OutboundMessage))]
-            with m.If(mine):
-                m.d.comb += sent.ready.eq(i_send.ready)
+        wiring.connect(m, iss.o_send, transmit_chain(m, self.scheduler, self.sender))
         return m
 
 
@@ -346,14 +339,16 @@ def simulate_connections(n, drivers, *, seed, retires):
     deferred one sends that connection back to it, offered again after a random wait."""
     conns = len(drivers)
     dut = ConnectionsTxPath(n, conns)
-    got = {"taken": [], "deferred": []}
-    iss = dut.issuer
+    got = {"taken": [], "deferred": [], **{f"fpdus{c}": [] for c in range(conns)}}
+    iss, sch, snd = dut.issuer, dut.scheduler, dut.sender
 
     async def host(ctx):
         rng = random.Random(seed)
         port, deferred = iss.i_work, iss.o_deferred
         at, rest, last = [0] * conns, [0] * conns, None
         ctx.set(deferred.ready, 1)
+        while not got.get("opened"):
+            await ctx.tick()
         while True:
             live = [c for c in range(conns) if at[c] < len(drivers[c].work) and not rest[c]]
             offer = rng.choice(live) if live and rng.random() >= IDLE else None
@@ -379,13 +374,13 @@ def simulate_connections(n, drivers, *, seed, retires):
 
     async def control(ctx):
         bus = AmaranthBus(ctx)
-        for driver, (_, sender) in zip(drivers, dut.paths):
-            ctx.set(sender.max_ulpdu, driver.max_ulpdu)
-            ctx.set(sender.crc, driver.crc)
-            ctx.set(sender.markers, driver.markers)
         await send(bus, StreamPort.amaranth(iss.i_open),
                    [{"conn": c, "ord": d.conn.ord} for c, d in enumerate(drivers)])
-        quiet = [s.o for _, s in dut.paths] + [sch.o_read for sch, _ in dut.paths]
+        await send(bus, StreamPort.amaranth(snd.i_open),
+                   [{"conn": c, "max_ulpdu": d.max_ulpdu, "crc": d.crc, "markers": d.markers}
+                    for c, d in enumerate(drivers)])
+        got["opened"] = True
+        quiet = [snd.o, sch.o_read]
         await until_quiet(ctx, quiet, 300)
         got["after"] = [octets()]
         for conn in retires:
@@ -396,23 +391,27 @@ def simulate_connections(n, drivers, *, seed, retires):
             await until_quiet(ctx, quiet, 300)
             got["after"].append(octets())
 
-    def reads(conn):
-        scheduler, driver = dut.paths[conn][0], drivers[conn]
+    async def reads(ctx):
+        bus, rng = AmaranthBus(ctx), random.Random(seed + 1)
+        while True:
+            (read,) = await recv(bus, StreamPort.amaranth(sch.o_read), 1, rng=rng,
+                                 stall=STALL, timeout=1 << 30)
+            await send_packets(bus, StreamPort.amaranth(sch.i_host),
+                               [drivers[read["conn"]].read_host(read["addr"], read["length"])],
+                               n, rng=rng, idle=IDLE)
 
-        async def bench(ctx):
-            bus, rng = AmaranthBus(ctx), random.Random(seed + 1 + conn)
-            while True:
-                (read,) = await recv(bus, StreamPort.amaranth(scheduler.o_read), 1, rng=rng,
-                                     stall=STALL, timeout=1 << 30)
-                await send_packets(bus, StreamPort.amaranth(scheduler.i_host),
-                                   [driver.read_host(read["addr"], read["length"])], n,
-                                   rng=rng, idle=IDLE)
-        return bench
+    async def fpdus(ctx):
+        """Each connection's FPDUs, its beats told apart by their ``conn``."""
+        bus, rng, beats = AmaranthBus(ctx), random.Random(seed + 2), [[] for _ in drivers]
+        while True:
+            (t,) = await recv(bus, StreamPort.amaranth(snd.o), 1, rng=rng, stall=STALL,
+                              timeout=1 << 30)
+            beats[t["conn"]].append(Beat(t["data"], t["keep"], t["last"], t["err"]))
+            if t["last"]:
+                got[f"fpdus{t['conn']}"] += from_beats(beats[t["conn"]], n)
+                beats[t["conn"]] = []
 
-    run(dut, control, monitors=[host, collector(got, "refused", iss.o_refused)] + [
-        reads(c) for c in range(conns)] + [
-        collector(got, f"fpdus{c}", sender.o, data_bytes=n, rng=random.Random(seed + 9 + c),
-                  stall=STALL) for c, (_, sender) in enumerate(dut.paths)],
+    run(dut, control, monitors=[host, reads, fpdus, collector(got, "refused", iss.o_refused)],
         name=f"rdmap_request_c{conns}_w{n}")
     return got
 
@@ -427,7 +426,7 @@ def test_connections(n):
     retired) of the connections in a random order: after each, every connection has sent what
     its engine has sent by then, and each entry read is its engine's oldest Read or atomic."""
     rng = random.Random(100 + n)
-    drivers = [Driver(rng, ord_=2), Driver(rng, ord_=3, crc=True, markers=False),
+    drivers = [Driver(rng, ord_=2), Driver(rng, ord_=3, crc=True, markers=True),
                Driver(rng, crc=False, markers=True), Driver(rng, ord_=0)]
     post_ops(drivers[0], ORD_OPS, fence_at=4)
     for driver in drivers[1:3]:

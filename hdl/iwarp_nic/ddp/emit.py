@@ -19,6 +19,7 @@ from ..exact import Machine, add, is_zero, one_of, select, sub, widened, wire, w
 from ..hdrparse import HeaderEmitter, HeaderLayout
 from ..headers import DDP_TAGGED, DDP_UNTAGGED
 from ..stream import BeatStream, SkidBuffer, check_data_bytes
+from ..tcp.layouts import with_conn
 from .segment import QUEUE, TAGGED_OPCODES
 
 __all__ = ["Message", "Fetch", "SegmentEmitter"]
@@ -38,20 +39,24 @@ _DEPTH = 4                  # segments between planning and output
 class SegmentEmitter(wiring.Component):
     """Cut messages into DDP segments and put their headers in front of their payloads.
 
+    ``conns`` None: one stream. ``conns`` an integer: each message names its connection
+    (``conn``), and so does each ULPDU length, for a sender of several connections.
+
     Ports
     -----
-    i_message : In(stream.Signature(Message))
+    i_message : In(stream.Signature(with_conn(Message, conns)))
     max_ulpdu : In(16)
-        The largest ULPDU (the MULPDU of RFC 5044); more than 18 octets. Held steady.
+        The largest ULPDU (the MULPDU of RFC 5044); more than 18 octets. Held steady while a
+        message is cut (from the cycle after it is taken to its last segment's planning).
     o_fetch : Out(stream.Signature(Fetch))
         One per segment with a payload, in order.
     i_payload : In(BeatStream(data_bytes))
         One packet per fetch, in the same order, exactly as long as asked.
     o : Out(BeatStream(data_bytes))
         The ULPDUs: the model's ``Segment(...).encode()`` of each segment.
-    o_length : Out(stream.Signature(unsigned(16)))
+    o_length : Out(stream.Signature(unsigned(16) or with_conn({"length": 16}, conns)))
         Each ULPDU's length, in order, as its header is planned (before its octets), for the
-        FPDU framer.
+        FPDU framer (and its message's ``conn``).
 
     Throughput: a segment is planned every two cycles at best; its octets leave at one beat per
     cycle behind two header emitters (tagged and untagged) whose outputs are merged in order.
@@ -59,15 +64,18 @@ class SegmentEmitter(wiring.Component):
     output holds the planning; a fetch answered late holds the output.
     """
 
-    def __init__(self, data_bytes):
+    def __init__(self, data_bytes, *, conns=None):
         self.data_bytes = check_data_bytes(data_bytes)
+        self.conns = conns
         super().__init__({
-            "i_message": In(stream.Signature(Message)),
+            "i_message": In(stream.Signature(with_conn(Message, conns))),
             "max_ulpdu": In(16),
             "o_fetch": Out(stream.Signature(Fetch)),
             "i_payload": In(BeatStream(data_bytes)),
             "o": Out(BeatStream(data_bytes)),
-            "o_length": Out(stream.Signature(unsigned(16))),
+            "o_length": Out(stream.Signature(
+                unsigned(16) if conns is None else with_conn(StructLayout({"length": 16}),
+                                                             conns))),
         })
 
     def elaborate(self, platform):
@@ -87,7 +95,7 @@ class SegmentEmitter(wiring.Component):
         m.submodules.payload_route = payload_route = SyncFIFOBuffered(width=1, depth=_DEPTH)
         m.submodules.output_route = output_route = SyncFIFOBuffered(width=1, depth=_DEPTH)
 
-        msg = Signal(Message)
+        msg = Signal(with_conn(Message, self.conns))
         offset = Signal(32)
         left = Signal(32)
         tagged = wire(m, one_of(msg.opcode, TAGGED_OPCODES), "tagged")
@@ -147,6 +155,7 @@ class SegmentEmitter(wiring.Component):
                     length.valid.eq(1),
                     length.payload.eq(Mux(tagged, add(size, DDP_TAGGED.length),
                                           add(size, DDP_UNTAGGED.length))),
+                    *([] if self.conns is None else [length.payload.conn.eq(msg.conn)]),
                     offset.eq(wrap_add(m, offset, size, 32, "next_offset")),
                     left.eq(wrap_sub(m, left, size, 32, "next_left")),
                 ]

@@ -17,8 +17,9 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from ..ddp.emit import Fetch, Message
-from ..exact import add, is_zero, lt, mask, select, shift_right, sub, widened, wrap_add, wrap_sub
+from ..exact import add, is_zero, lt, mask, select, shift_right, widened, wrap_add, wrap_sub
 from ..stream import BeatStream, check_data_bytes
+from ..tcp.layouts import conn_bits, with_conn
 from .respond import INLINE_BYTES, OutboundMessage
 
 __all__ = ["HostRead", "SendScheduler"]
@@ -33,20 +34,24 @@ _FETCHES = 8                # fetches whose payload has not left yet
 class SendScheduler(wiring.Component):
     """Round-robin between the send queue and the responses; fetches answered in order.
 
+    ``conns`` None: one stream. ``conns`` an integer: the messages of that many connections,
+    each naming its own (``conn``), which the scheduler passes on; the send queue engine
+    chooses whose work comes next.
+
     Ports
     -----
-    i_send : In(stream.Signature(OutboundMessage))
+    i_send : In(stream.Signature(with_conn(OutboundMessage, conns)))
         Work from the send queue: a message and the host address of its payload (``source``).
-    i_response : In(stream.Signature(OutboundMessage))
+    i_response : In(stream.Signature(with_conn(OutboundMessage, conns)))
         Read and Atomic Responses from the :class:`~.respond.RequestResponder`.
-    o_message : Out(stream.Signature(Message))
+    o_message : Out(stream.Signature(with_conn(Message, conns)))
         The messages in the order they are to be sent, to the
         :class:`~iwarp_nic.ddp.StreamSender`.
     i_fetch : In(stream.Signature(Fetch))
         The sender's payload fetches, in message order.
-    o_read : Out(stream.Signature(HostRead))
+    o_read : Out(stream.Signature(with_conn(HostRead, conns)))
         Each fetch of a message from host memory as a host-memory read: the message's
-        ``source`` plus the fetch's offset.
+        ``source`` plus the fetch's offset (and its connection).
     i_host : In(BeatStream(data_bytes))
         The data of each host read, one packet per read, in order.
     o_payload : Out(BeatStream(data_bytes))
@@ -59,23 +64,29 @@ class SendScheduler(wiring.Component):
         (the RequestResponder's ``done``), as the model's engine gives it back when the last
         segment is handed over. ``response_inline`` with it: that response was inline (an
         Atomic Response).
+    response_conn : Out(conn_bits(conns))
+        Several connections: with ``response_sent``, that response's connection.
 
     When both inputs offer a message, they alternate: the one not served last goes first.
     Throughput: a message per cycle; fetches one per cycle; payload beats one per cycle.
     Latency: one cycle for a message, none for a fetch (``o_read`` follows ``i_fetch``
     combinationally), none for host data (``o_payload`` follows ``i_host``); an inline packet
     leaves from the cycle after its fetch. Back-pressure passes through; at most four messages
-    with a payload may be fetching at once, and eight fetches waiting for their data.
+    with a payload may be fetching at once, eight fetches waiting for their data, and eight
+    responses without a payload waiting for a cycle to be reported in.
     """
 
-    def __init__(self, data_bytes):
+    def __init__(self, data_bytes, *, conns=None):
         self.data_bytes = check_data_bytes(data_bytes)
+        self.conns = conns
+        ports = {} if conns is None else {"response_conn": Out(conn_bits(conns))}
         super().__init__({
-            "i_send": In(stream.Signature(OutboundMessage)),
-            "i_response": In(stream.Signature(OutboundMessage)),
-            "o_message": Out(stream.Signature(Message)),
+            **ports,
+            "i_send": In(stream.Signature(with_conn(OutboundMessage, conns))),
+            "i_response": In(stream.Signature(with_conn(OutboundMessage, conns))),
+            "o_message": Out(stream.Signature(with_conn(Message, conns))),
             "i_fetch": In(stream.Signature(Fetch)),
-            "o_read": Out(stream.Signature(HostRead)),
+            "o_read": Out(stream.Signature(with_conn(HostRead, conns))),
             "i_host": In(BeatStream(data_bytes)),
             "o_payload": Out(BeatStream(data_bytes)),
             "response_sent": Out(1),
@@ -85,22 +96,26 @@ class SendScheduler(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         # Per message with a payload, in order: where it comes from, its length and whether it
-        # is a Read Response.
-        entry = StructLayout({"source": 64, "length": 32, "response": 1, "inline": 1,
-                              "data": 8 * INLINE_BYTES})
+        # is a Read Response (and whose).
+        several = self.conns is not None
+        entry = with_conn(StructLayout({"source": 64, "length": 32, "response": 1, "inline": 1,
+                                        "data": 8 * INLINE_BYTES}), self.conns)
         m.submodules.sources = sources = SyncFIFOBuffered(width=entry.size, depth=_DEPTH)
         out = self.o_message
         last_response = Signal()        # the last message taken was a Read Response
         pick_response = (self.i_response.valid
                          & (~self.i_send.valid | ~last_response))
-        chosen = Signal(OutboundMessage)
+        chosen = Signal(with_conn(OutboundMessage, self.conns))
         with m.If(pick_response):
             m.d.comb += chosen.eq(self.i_response.payload)
         with m.Else():
             m.d.comb += chosen.eq(self.i_send.payload)
         has_payload = ~is_zero(chosen.message.length)
         offered = self.i_send.valid | self.i_response.valid
-        take = offered & (~out.valid | out.ready) & sources.w_rdy
+        # The responses without a payload passed on whose end is not reported yet (whose).
+        m.submodules.unpaid = unpaid = SyncFIFOBuffered(width=conn_bits(self.conns or 1),
+                                                        depth=_FETCHES)
+        take = offered & (~out.valid | out.ready) & sources.w_rdy & unpaid.w_rdy
         m.d.comb += [
             self.i_response.ready.eq(take & pick_response),
             self.i_send.ready.eq(take & ~pick_response),
@@ -110,11 +125,15 @@ class SendScheduler(wiring.Component):
         m.d.comb += [written.source.eq(chosen.source), written.length.eq(chosen.message.length),
                      written.response.eq(pick_response), written.inline.eq(chosen.inline),
                      written.data.eq(chosen.data)]
+        if several:
+            m.d.comb += written.conn.eq(chosen.conn)
         with m.If(out.ready):
             m.d.sync += out.valid.eq(0)
         with m.If(take):
             m.d.sync += [out.valid.eq(1), out.payload.eq(chosen.message),
                          last_response.eq(pick_response)]
+            if several:
+                m.d.sync += out.payload.conn.eq(chosen.conn)
 
         # Fetches: the head message's source plus the offset, or its inline octets from the
         # offset; the message is done with when a fetch reaches its end. Each fetch leaves a
@@ -133,6 +152,8 @@ class SendScheduler(wiring.Component):
             read.payload.addr.eq(wrap_add(m, head.source, fetch.offset, 64, "read_addr")),
             read.payload.length.eq(fetch.length),
         ]
+        if several:
+            m.d.comb += read.payload.conn.eq(head.conn)
         fetched = self.i_fetch.valid & self.i_fetch.ready
         written_note = note(notes.w_data)
         skip = fetch.offset[:(INLINE_BYTES - 1).bit_length()]
@@ -142,20 +163,18 @@ class SendScheduler(wiring.Component):
                      written_note.data.eq(shift_right(m, padded, skip, 8, "inline_from"))]
         finished = fetched & (end == head.length)
         # A response's end: the last fetch of one with a payload, or, in a cycle without one,
-        # one of those without a payload passed on (counted until then: they may coincide).
+        # one of those without a payload passed on (queued until then: they may coincide).
         response_fetched = finished & head.response
-        owed = Signal(8)
-        empty = take & pick_response & ~has_payload
-        paid = ~response_fetched & ~is_zero(owed)
-        with m.If(empty & ~paid):
-            m.d.sync += owed.eq(add(owed, 1))
-        with m.Elif(paid & ~empty):
-            m.d.sync += owed.eq(sub(owed, 1))
+        paid = ~response_fetched & unpaid.r_rdy
         m.d.comb += [
+            unpaid.w_en.eq(take & pick_response & ~has_payload), unpaid.r_en.eq(paid),
             sources.r_en.eq(finished),
             self.response_sent.eq(response_fetched | paid),
             self.response_inline.eq(response_fetched & head.inline),
         ]
+        if several:
+            m.d.comb += [unpaid.w_data.eq(chosen.conn),
+                         self.response_conn.eq(Mux(response_fetched, head.conn, unpaid.r_data))]
         self._payload(m, note(notes.r_data), notes)
         return m
 
