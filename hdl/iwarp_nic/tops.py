@@ -15,6 +15,7 @@ def tops():
     """``{module_name: factory}`` for every generated top-level module."""
     from .crc import CRC32CEngine, CRC32Engine
     from .ddp.emit import SegmentEmitter
+    from .ddp.outstanding import OutstandingTable
     from .ddp.placement import SegmentPlacer
     from .ddp.receive import ConnectionsReceiver, StreamReceiver
     from .ddp.rtr import RtrCheck
@@ -41,7 +42,6 @@ def tops():
     from .node import IpNode, TcpNode
     from .rdmap import (
         AtomicExecutor,
-        OutstandingTable,
         RequestIssuer,
         RequestResponder,
         SendScheduler,
@@ -100,7 +100,7 @@ def tops():
     tops["iwarp_rdmap_atomic_executor"] = AtomicExecutor
     tops["iwarp_rdmap_request_issuer"] = RequestIssuer
     tops["iwarp_rdmap_request_issuer_c16"] = lambda: RequestIssuer(conns=16)
-    tops["iwarp_rdmap_outstanding_c16"] = lambda: OutstandingTable(16)
+    tops["iwarp_ddp_outstanding_c16"] = lambda: OutstandingTable(16)
     tops["iwarp_ddp_rtr_check"] = RtrCheck
     tops["iwarp_ddp_stag_e256"] = lambda: StagTable(256)
     tops["iwarp_ddp_stag_e4096"] = lambda: StagTable(4096)

@@ -29,8 +29,9 @@ from iwarp_model.wire.rdmap import (
     Opcode,
     Segment,
 )
+from iwarp_nic.ddp import OutstandingTable
 from iwarp_nic.ddp.send import StreamSender
-from iwarp_nic.rdmap import OutstandingTable, RequestIssuer, SendScheduler, WorkRequest
+from iwarp_nic.rdmap import RequestIssuer, SendScheduler, WorkRequest
 from iwarp_tb.amsim import run
 from iwarp_tb.beats import Beat, from_beats
 from iwarp_tb.stags import HostTable

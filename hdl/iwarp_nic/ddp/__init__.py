@@ -1,7 +1,9 @@
 """DDP (RFC 5041) with the RDMAP header decode it carries (RFC 5040, RFC 7306): segments parsed
-and emitted, and the tagged-buffer checks of RFC 5041 and RFC 5042 before placement."""
+and emitted, and the tagged-buffer checks of RFC 5041 and RFC 5042 before placement; each
+connection's Reads and atomics outstanding, whose answers placement takes in order."""
 
 from .emit import Fetch, Message, SegmentEmitter
+from .outstanding import OutstandingTable
 from .placement import (
     CompletionStatus,
     OutstandingRead,
@@ -31,4 +33,4 @@ __all__ = ["StreamReceiver", "ConnectionsReceiver", "ConnectionsPlacer", "RtrChe
            "SegmentParser", "SegmentHeader", "HEAD_BYTES", "SegmentPlacer", "PlaceRequest",
            "PostedReceive", "CompletionStatus", "ReceiveCompletion", "OutstandingRead", "ReadDone",
            "StagTable", "Access", "Fault", "Entry", "StagWrite", "LookupRequest",
-           "LookupResult", "InvalidateRequest"]
+           "LookupResult", "InvalidateRequest", "OutstandingTable"]

@@ -17,9 +17,9 @@ from ..exact import gt
 from ..mpa import FpduDeframer, MpaReceiver
 from ..mpa.deframer import ErrorKind
 from ..mpa.negotiate import Rtr
-from ..rdmap.outstanding import OutstandingTable
 from ..stream import BeatStream, check_data_bytes
 from . import placement
+from .outstanding import OutstandingTable
 from .rtr import RtrCheck
 from .segment import SegmentHeader, SegmentParser
 from .stag import LookupArbiter, LookupRequest, LookupResult, StagTable, StagWrite
@@ -147,7 +147,7 @@ class ConnectionsPlacer(wiring.Component):
     It chains the several-connection :class:`~.segment.SegmentParser` and
     :class:`~.placement.SegmentPlacer`, with the :class:`~.stag.StagTable` (the placer's
     lookups and invalidations only) and the
-    :class:`~iwarp_nic.rdmap.outstanding.OutstandingTable` the placer asks for each
+    :class:`~.outstanding.OutstandingTable` the placer asks for each
     connection's oldest outstanding Read.
 
     Ports
@@ -158,7 +158,7 @@ class ConnectionsPlacer(wiring.Component):
         A connection's placer context made afresh and its outstanding Reads cleared, taken by
         both in one cycle, as a new stream takes the slot; before its first segment.
     i_push, count_conn, count :
-        The :class:`~iwarp_nic.rdmap.outstanding.OutstandingTable`'s, for the requester: a
+        The :class:`~.outstanding.OutstandingTable`'s, for the requester: a
         Read or atomic whose request was sent, and a connection's number outstanding.
     i_write : In(stream.Signature(StagWrite(pd_bits, log2(stag_entries))))
         STag table entries from the host.

@@ -4,7 +4,6 @@ of RDMA Read and of the atomics, and the atomic operation on host memory; the re
 stream sends next."""
 
 from .atomic import AtomicExecutor, HostAtomic, HostWord
-from .outstanding import OutstandingTable
 from .request import Refused, RequestIssuer, WorkRequest
 from .respond import OutboundMessage, RequestResponder
 from .schedule import HostRead, SendScheduler
@@ -12,5 +11,4 @@ from .terminate import TerminateEmitter, TerminateHeader, TerminateParser, Termi
 
 __all__ = ["TerminateEmitter", "TerminateRequest", "TerminateParser", "TerminateHeader",
            "RequestResponder", "OutboundMessage", "SendScheduler", "HostRead",
-           "AtomicExecutor", "HostAtomic", "HostWord", "RequestIssuer", "Refused", "WorkRequest",
-           "OutstandingTable"]
+           "AtomicExecutor", "HostAtomic", "HostWord", "RequestIssuer", "Refused", "WorkRequest"]

@@ -8,7 +8,7 @@ outstanding.
 :class:`~.schedule.SendScheduler`, as the model's engine starts them (``_next_request``,
 ``_start``, ``_start_request``), and keeps the Reads and atomics outstanding, oldest first, for
 the placer, which places their answers and takes each as it completes. With several
-connections the Reads and atomics go to the :class:`~.outstanding.OutstandingTable`.
+connections the Reads and atomics go to the :class:`~iwarp_nic.ddp.outstanding.OutstandingTable`.
 """
 
 from amaranth import C, Module, Signal
@@ -80,7 +80,7 @@ class RequestIssuer(wiring.Component):
         request is passed on (the placer's ``i_outstanding``); the consumer takes one when it
         completes, and its credit comes back. Several connections: each Read or atomic once,
         as its request is passed on, to be appended to its connection's FIFO of the
-        :class:`~.outstanding.OutstandingTable` (its ``i_push``).
+        :class:`~iwarp_nic.ddp.outstanding.OutstandingTable` (its ``i_push``).
     outstanding_conn, outstanding : Out(conn_bits(conns)), In(14)
         Several connections: the connection of the work request offered, and the number of
         its Reads and atomics outstanding (the table's ``count_conn`` and ``count``,

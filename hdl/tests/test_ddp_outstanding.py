@@ -20,8 +20,8 @@ from collections import Counter, deque
 import pytest
 from amaranth.back import verilog
 
+from iwarp_nic.ddp import OutstandingTable
 from iwarp_nic.ddp.placement import OutstandingRead
-from iwarp_nic.rdmap import OutstandingTable
 from iwarp_nic.tcp.layouts import conn_bits
 from iwarp_tb import toolchain
 from iwarp_tb.amsim import run
@@ -166,7 +166,7 @@ def simulate(conns, depth, *, pushes, seed, span=None):
                 else:
                     stats["push, outside"] += 1
 
-    run(dut, *drivers, monitors=[monitor, answers], name=f"rdmap_outstanding_c{conns}_d{depth}")
+    run(dut, *drivers, monitors=[monitor, answers], name=f"ddp_outstanding_c{conns}_d{depth}")
     assert not errors, errors[:5]
     answers = got["answers"]
     assert len(answers) == len(expected), (len(answers), len(expected))

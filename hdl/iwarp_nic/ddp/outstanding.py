@@ -6,7 +6,7 @@ and RFC 6581 section 4 (the ORD: at most that many outstanding on a connection).
 Outstanding Reads and atomics are answered in order, so a connection's are a FIFO: the
 requester appends each as its request is sent, the placer asks for the oldest when an answer
 arrives and drops it when the answer is complete. :class:`OutstandingTable` keeps one such FIFO
-per connection for the several-connection :class:`~..ddp.placement.SegmentPlacer` (its
+per connection for the several-connection :class:`~.placement.SegmentPlacer` (its
 ``o_ask_oldest``, ``i_oldest`` and ``o_retire``), all of them in one block RAM.
 """
 
@@ -16,15 +16,15 @@ from amaranth.lib.data import StructLayout
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from ..ddp.placement import OldestRead, OutstandingRead
 from ..exact import add, is_zero, lt, sub, wrap_add
 from ..tcp.layouts import ConnRef, conn_bits, with_conn, without_conn
+from .placement import OldestRead, OutstandingRead
 
 __all__ = ["OutstandingTable"]
 
 
 class OutstandingTable(wiring.Component):
-    """One FIFO of up to ``depth`` :data:`~..ddp.placement.OutstandingRead` per connection, for
+    """One FIFO of up to ``depth`` :data:`~.placement.OutstandingRead` per connection, for
     ``conns`` connections.
 
     Ports
