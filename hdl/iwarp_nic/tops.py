@@ -97,6 +97,7 @@ def tops():
     tops["iwarp_beat_upsizer_w1_w8"] = lambda: BeatUpsizer(1, 8, err=True)
     tops["iwarp_beat_downsizer_w8_w1"] = lambda: BeatDownsizer(8, 1, err=True)
     tops["iwarp_rdmap_request_responder"] = RequestResponder
+    tops["iwarp_rdmap_request_responder_c16"] = lambda: RequestResponder(conns=16)
     tops["iwarp_rdmap_atomic_executor"] = AtomicExecutor
     tops["iwarp_rdmap_request_issuer"] = RequestIssuer
     tops["iwarp_rdmap_request_issuer_c16"] = lambda: RequestIssuer(conns=16)

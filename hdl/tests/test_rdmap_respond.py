@@ -18,6 +18,7 @@ violation (rights, PD, bounds, alignment, key, MSN) and for an IRD that Reads an
 up together.
 """
 import random
+from dataclasses import dataclass
 
 import pytest
 from amaranth import Module
@@ -40,14 +41,14 @@ from iwarp_model.wire.rdmap import (
 )
 from iwarp_model.wire.terminate import ErrorCode
 from iwarp_nic.ddp.segment import SegmentParser
-from iwarp_nic.errors import TerminateCode
+from iwarp_nic.errors import OFFENDING_BYTES, TerminateCode
 from iwarp_nic.rdmap import AtomicExecutor, RequestResponder
 from iwarp_tb import toolchain
 from iwarp_tb.amsim import run
 from iwarp_tb.beats import Packet
 from iwarp_tb.lint import lint
 from iwarp_tb.stags import HostTable
-from iwarp_tb.streams import AmaranthBus, StreamPort, collector, recv, send, send_packets
+from iwarp_tb.streams import AmaranthBus, StreamPort, StreamTimeout, recv, send, send_packets
 
 N = 8
 STALL = 0.25
@@ -55,10 +56,12 @@ U64 = 1 << 64
 
 
 class Chain(wiring.Component):
-    """The parser, the responder and an atomic executor (memory ports left to the test)."""
+    """The parser, the responder and an atomic executor (memory ports left to the test), for
+    one stream or ``conns`` connections."""
 
-    def __init__(self):
-        self.parser, self.responder = SegmentParser(N), RequestResponder()
+    def __init__(self, conns=None):
+        self.parser = SegmentParser(N, conns=conns)
+        self.responder = RequestResponder(conns=conns)
         self.executor = AtomicExecutor()
         super().__init__({})
 
@@ -263,11 +266,13 @@ def test_lint(tmp_path):
 class Responder:
     """The model's engine answering Read and Atomic Requests: a device with a region for
     atomics (and Reads), one for Reads only and one of another PD, connected to a model peer
-    that frames the test's requests; the same table as the gateware sees it."""
+    that frames the test's requests; the same table as the gateware sees it. With ``shared``
+    (another Responder) the device and table are that one's: another connection, its QP of
+    another PD, whose requests the gateware takes beside the other's."""
 
-    def __init__(self, rng, *, ird=32):
+    def __init__(self, rng, *, ird=32, shared=None):
         self.rng = rng
-        dev = verbs.Device("b")
+        self.dev = dev = verbs.Device("b") if shared is None else shared.dev
         pd, other = dev.alloc_pd(), dev.alloc_pd()
         cq = dev.create_cq(64)
         qp = dev.create_qp(pd, cq, cq, max_dest_rd_atomic=ird)
@@ -276,7 +281,7 @@ class Responder:
         self.atomic = self._reg(dev, pd, 256, both)
         self.read_only = self._reg(dev, pd, 128, Access.REMOTE_READ)
         self.foreign = self._reg(dev, other, 64, both)
-        self.host = HostTable(rng, table=dev.mr_table, pds=0)
+        self.host = HostTable(rng, table=dev.mr_table, pds=0) if shared is None else shared.host
         self.host.by_handle.update({p.handle: p for p in (pd, other)})
         peer_qp = dev.create_qp(dev.alloc_pd(), cq, cq)
         self.conn = Connection(qp, active=True)
@@ -309,11 +314,11 @@ class Responder:
             region.iova + offset, rng.getrandbits(64),
             rng.choice([0, U64 - 1, rng.getrandbits(64)]), compare, compare_mask)).encode()
 
-    def read_request(self, *, msn=None):
-        """A Read Request, most often of much of the atomic region."""
+    def read_request(self, *, region=None, msn=None):
+        """A Read Request of ``region``, by default most often of much of the atomic one."""
         if msn is None:
             msn, self.msn = self.msn, self.msn + 1
-        region = self.rng.choice([self.atomic, self.atomic, self.read_only])
+        region = region or self.rng.choice([self.atomic, self.atomic, self.read_only])
         size = self.rng.choice([0, 8, region.length, self.rng.randrange(region.length + 1)])
         return Segment(Opcode.READ_REQUEST, msn=msn, header=ReadRequest(
             self.rng.getrandbits(32), self.rng.getrandbits(40), size, region.stag,
@@ -343,16 +348,41 @@ class Responder:
         return responses, self.conn.terminate_sent
 
 
-def simulate_engine(scene, ulpdus, *, seed, release=True):
+@dataclass(eq=False)
+class Stream:
+    """One stream of requests for :func:`simulate_engine`: the ``scene`` answering them, the
+    requests (``ulpdus``), the connection whose slot it takes (with ``conns``), and when each
+    response's ``done`` is given: a while after it is taken (``release`` True), never
+    (False), or once ``release(got)`` is true. Its expected responses and Terminate are the
+    engine's (with credits back before each request unless ``release`` is False)."""
+    scene: Responder
+    ulpdus: list
+    conn: int = 0
+    release: object = True
+
+
+def simulate_engine(streams, steps=None, *, seed, conns=None):
     """The gateware (parser, responder, executor on a copy of the host memory) against the
-    engine: the same responses (a Read Response's source holding the engine's payload), the
-    same memory after, the same Terminate."""
+    engine, for one stream or, with ``conns``, for each stream on its connection: the same
+    responses (a Read Response's source holding the engine's payload), the same memory after,
+    the same Terminate. ``steps`` (by default each stream opened, then its requests) are
+    what the test does in turn: open a stream's slot (a :class:`Stream`), send one of its
+    requests (``(stream, ulpdu)``), wait until a function of ``got`` is true or wait so many
+    cycles (an int). The lookups,
+    the memory's answers and the outputs' ``ready`` come at random times. Returns ``got``:
+    each connection's responses handed over (``done`` given) and faults, and the responses
+    taken but not handed over (``offered``)."""
+    tagged = conns is not None
+    scene = streams[0].scene
     host = {scene.host.host_addr(stag): bytearray(memory)
-            for stag, memory in scene.memory.items()}
-    expected, terminate = scene.answer(ulpdus, release=release)
-    dut = Chain()
+            for s in streams for stag, memory in s.scene.memory.items()}
+    for s in streams:
+        s.expected, s.terminate = s.scene.answer(s.ulpdus, release=s.release is not False)
+    if steps is None:
+        steps = [step for s in streams for step in [s] + [(s, u) for u in s.ulpdus]]
+    dut = Chain(conns)
     rsp, ex = dut.responder, dut.executor
-    got = {}
+    got = {"responses": {}, "faults": {}, "offered": []}
     state = {"done": False}
 
     def locate(addr, length):
@@ -360,20 +390,45 @@ def simulate_engine(scene, ulpdus, *, seed, release=True):
         return host[base], addr - base
 
     async def source(ctx):
-        ctx.set(rsp.ird, scene.conn.ird)
-        ctx.set(rsp.pd, scene.pd.handle)
-        await send_packets(AmaranthBus(ctx), StreamPort.amaranth(dut.parser.i),
-                           [Packet(len(u).to_bytes(2, "big") + u) for u in ulpdus], N)
+        bus = AmaranthBus(ctx)
+        for step in steps:
+            if isinstance(step, Stream) and tagged:
+                await send(bus, StreamPort.amaranth(rsp.i_open),
+                           [{"conn": step.conn, "ird": step.scene.conn.ird,
+                             "pd": step.scene.pd.handle}])
+            elif isinstance(step, Stream):
+                ctx.set(rsp.ird, step.scene.conn.ird)
+                ctx.set(rsp.pd, step.scene.pd.handle)
+            elif callable(step):
+                for _ in range(20_000):
+                    if step(got):
+                        break
+                    await ctx.tick()
+                else:
+                    raise StreamTimeout(f"waited 20000 cycles for {got}")
+            elif isinstance(step, int):
+                for _ in range(step):
+                    await ctx.tick()
+            else:
+                stream, ulpdu = step
+                if tagged:
+                    ctx.set(dut.parser.i.payload.conn, stream.conn)
+                await send_packets(bus, StreamPort.amaranth(dut.parser.i),
+                                   [Packet(len(ulpdu).to_bytes(2, "big") + ulpdu)], N,
+                                   rng=random.Random(seed + len(ulpdu)), idle=0.3)
         for _ in range(400):
             await ctx.tick()
         state["done"] = True
 
     async def lookups(ctx):
-        bus = AmaranthBus(ctx)
+        bus, rng = AmaranthBus(ctx), random.Random(seed + 2)
         while True:
-            (r,) = await recv(bus, StreamPort.amaranth(rsp.o_lookup), 1, timeout=1 << 30)
+            (r,) = await recv(bus, StreamPort.amaranth(rsp.o_lookup), 1, rng=rng, stall=STALL,
+                              timeout=1 << 30)
             kind, addr = scene.host.check(r["stag"], r["to"], r["length"], r["access"].value,
                                           r["pd"])
+            for _ in range(rng.randrange(4)):
+                await ctx.tick()
             await send(bus, StreamPort.amaranth(rsp.i_lookup),
                        [{"fault": kind.value, "addr": addr}])
 
@@ -382,6 +437,8 @@ def simulate_engine(scene, ulpdus, *, seed, release=True):
         while True:
             (read,) = await recv(bus, StreamPort.amaranth(ex.o_read), 1, timeout=1 << 30)
             words, at = locate(read["data"], 8)
+            for _ in range(rng.randrange(4)):
+                await ctx.tick()
             await send(bus, StreamPort.amaranth(ex.i_read),
                        [{"data": int.from_bytes(words[at:at + 8], "little")}])
             (write,) = await recv(bus, StreamPort.amaranth(ex.o_write), 1, rng=rng, stall=0.3,
@@ -390,30 +447,75 @@ def simulate_engine(scene, ulpdus, *, seed, release=True):
             words[at:at + 8] = write["data"].to_bytes(8, "little")
 
     async def answers(ctx):
-        """Take each response and, a while later, send it: a Read Response's payload is what
-        its source holds then, as its ``done`` is given (the atomics after it must wait)."""
+        """Take each response, for ``dones`` to hand over."""
         bus, rng = AmaranthBus(ctx), random.Random(seed + 1)
         while True:
             (r,) = await recv(bus, StreamPort.amaranth(rsp.o_response), 1, rng=rng,
                               stall=STALL, timeout=1 << 30)
+            got["offered"].append(r)
+
+    def release(r):
+        """Whether response ``r`` may be handed over now. Its stream: its connection's
+        streams in turn, each ended by its Terminate."""
+        ours = [s for s in streams if s.conn == r.get("conn", 0)]
+        allowed = ours[min(len(got["faults"].get(r.get("conn", 0), [])), len(ours) - 1)].release
+        return allowed is True or (callable(allowed) and allowed(got))
+
+    async def dones(ctx):
+        """Hand over the responses taken, each connection's in order, each a while after it is
+        taken and once its stream's ``release`` allows, with its ``done``: a Read Response's
+        payload is what its source holds then (the atomics after it must wait)."""
+        rng = random.Random(seed + 3)
+        while True:
+            heads = {}
+            for r in got["offered"]:
+                heads.setdefault(r.get("conn", 0), r)
+            ready = [r for r in heads.values() if release(r)]
+            if not ready:
+                await ctx.tick()
+                continue
+            r = ready[0]
             for _ in range(rng.randrange(30)):
                 await ctx.tick()
+            got["offered"].remove(r)
+            conn = r.get("conn", 0)
             length = r["message"]["length"]
             if not r["inline"] and length:
                 octets, at = locate(r["source"], length)
                 r["payload"] = bytes(octets[at:at + length])
-            got.setdefault("responses", []).append(r)
-            if release:
-                ctx.set(rsp.done, 1)
-                ctx.set(rsp.done_inline, r["inline"])
-                await ctx.tick()
-                ctx.set(rsp.done, 0)
+            got["responses"].setdefault(conn, []).append(r)
+            ctx.set(rsp.done, 1)
+            ctx.set(rsp.done_inline, r["inline"])
+            if tagged:
+                ctx.set(rsp.done_conn, conn)
+            await ctx.tick()
+            ctx.set(rsp.done, 0)
 
-    run(dut, source, monitors=[lookups, memory, answers,
-                               collector(got, "faults", rsp.o_fault, stall=STALL)],
+    async def faults(ctx):
+        bus, rng = AmaranthBus(ctx), random.Random(seed + 4)
+        while True:
+            (f,) = await recv(bus, StreamPort.amaranth(rsp.o_fault), 1, rng=rng, stall=STALL,
+                              timeout=1 << 30)
+            got["faults"].setdefault(f.get("conn", 0), []).append(f)
+
+    run(dut, source, monitors=[lookups, memory, answers, dones, faults],
         name="rdmap_respond_engine")
+    for conn in {s.conn for s in streams}:
+        ours = [s for s in streams if s.conn == conn]
+        check_answers(ours, got["responses"].get(conn, []) +
+                      [r for r in got["offered"] if r.get("conn", 0) == conn],
+                      got["faults"].get(conn, []))
+    for stag, memory in ((stag, m) for s in streams for stag, m in s.scene.memory.items()):
+        assert host[scene.host.host_addr(stag)] == memory, f"region {stag:#x}"
+    return got
+
+
+def check_answers(streams, offered, faults):
+    """One connection's responses (those handed over, then any not handed over) and faults,
+    its ``streams`` in turn: each released stream's responses the engine's, each Terminate the
+    engine's (code, offending length and the headers it copies)."""
     responses = []
-    for r in got.get("responses", []):
+    for r in offered:
         msg = r["message"]
         if msg["opcode"] == 11:
             assert r["inline"] and msg["length"] == AtomicResponse.SIZE
@@ -423,21 +525,24 @@ def simulate_engine(scene, ulpdus, *, seed, release=True):
         else:
             assert msg["opcode"] == 2 and not r["inline"]
             responses.append((2, msg["stag"], msg["to"], r.get("payload", b"")))
-    if release:
-        assert responses == expected
-    else:
-        # The engine sends nothing before its Terminate then (it drops what it queued).
-        assert not expected
-    for stag, memory in scene.memory.items():
-        assert host[scene.host.host_addr(stag)] == memory, f"region {stag:#x}"
-    if terminate is None:
-        assert not got["faults"]
-    else:
-        (fault,) = got["faults"]
-        layer, etype, ecode = terminate.code.value
-        assert TerminateCode(fault["code"]).value == layer << 12 | etype << 8 | ecode
-        assert fault["offending_length"] == terminate.ddp_segment_length
-    return responses, terminate
+    for stream in streams:
+        if stream.release is False:
+            # The engine sends nothing before its Terminate then (it drops what it queued):
+            # what it answered is counted by the caller.
+            assert not stream.expected and stream is streams[-1]
+            stream.answered, responses = responses, []
+        else:
+            assert responses[:len(stream.expected)] == stream.expected
+            responses = responses[len(stream.expected):]
+        if stream.terminate is not None:
+            assert faults, "no Terminate"
+            fault, *faults = faults
+            layer, etype, ecode = stream.terminate.code.value
+            assert TerminateCode(fault["code"]).value == layer << 12 | etype << 8 | ecode
+            assert fault["offending_length"] == stream.terminate.ddp_segment_length
+            copied = stream.terminate.ddp_header + stream.terminate.rdma_header
+            assert fault["offending"].to_bytes(OFFENDING_BYTES, "little").startswith(copied)
+    assert not responses and not faults
 
 
 def test_atomics_and_reads():
@@ -448,8 +553,10 @@ def test_atomics_and_reads():
     scene = Responder(rng)
     ulpdus = [scene.atomic_request() if rng.random() < 0.6 else scene.read_request()
               for _ in range(60)]
-    responses, terminate = simulate_engine(scene, ulpdus, seed=10)
-    assert terminate is None and sum(r[0] == 11 for r in responses) > 20
+    (stream,) = streams = [Stream(scene, ulpdus)]
+    got = simulate_engine(streams, seed=10)
+    assert stream.terminate is None
+    assert sum(r["inline"] for r in got["responses"][0]) > 20
 
 
 @pytest.mark.parametrize("kind", ["rights", "foreign", "bounds", "misaligned", "stag", "msn"])
@@ -467,8 +574,9 @@ def test_atomic_faults(kind):
         "msn": lambda: scene.atomic_request(msn=9),
     }[kind]()
     ulpdus += [bad, scene.atomic_request(), scene.read_request()]
-    responses, terminate = simulate_engine(scene, ulpdus, seed=20)
-    assert terminate is not None and len(responses) == 3
+    (stream,) = streams = [Stream(scene, ulpdus)]
+    got = simulate_engine(streams, seed=20)
+    assert stream.terminate is not None and len(got["responses"][0]) == 3
 
 
 def test_ird_shared():
@@ -478,5 +586,120 @@ def test_ird_shared():
     scene = Responder(rng, ird=3)
     ulpdus = [scene.atomic_request(), scene.atomic_request(), scene.read_request(),
               scene.atomic_request(), scene.read_request()]
-    responses, terminate = simulate_engine(scene, ulpdus, seed=30, release=False)
-    assert len(responses) == 3 and terminate.code == ErrorCode.DDP_UNTAGGED_INVALID_MSN_RANGE
+    (stream,) = streams = [Stream(scene, ulpdus, release=False)]
+    simulate_engine(streams, seed=30)
+    assert len(stream.answered) == 3
+    assert stream.terminate.code == ErrorCode.DDP_UNTAGGED_INVALID_MSN_RANGE
+
+
+def mixed(rng, scene, count):
+    """``count`` good requests of ``scene``, atomics and Reads."""
+    return [scene.atomic_request() if rng.random() < 0.5 else scene.read_request()
+            for _ in range(count)]
+
+
+def scenes(rng, irds):
+    """A scene per IRD of ``irds``, all on one device (one STag table), each of its own PD."""
+    first = Responder(rng, ird=irds[0])
+    return [first] + [Responder(rng, ird=ird, shared=first) for ird in irds[1:]]
+
+
+def interleaved(rng, streams):
+    """The requests of ``streams`` merged at random, each stream's in order."""
+    queues, steps = [[(s, u) for u in s.ulpdus] for s in streams], []
+    while any(queues):
+        steps.append(rng.choice([q for q in queues if q]).pop(0))
+    return steps
+
+
+def of(got, conn, key="responses"):
+    return len(got[key].get(conn, []))
+
+
+def test_connections():
+    """Five connections of sixteen, their requests interleaved at random, each with its own IRD
+    and PD and its own engine: each connection's responses and Terminate are its engine's.
+    Three fail on different violations (an MSN not the next, a Read of another connection's
+    region, an atomic not aligned); the other two run to their end."""
+    rng = random.Random(40)
+    conn_of = [0, 5, 9, 14, 15]
+    scene = scenes(rng, [rng.randrange(3, 33) for _ in conn_of])
+    ulpdus = [mixed(rng, scene[0], 14),
+              mixed(rng, scene[1], 6) + [scene[1].atomic_request(msn=90)],
+              mixed(rng, scene[2], 4) + [scene[2].read_request(region=scene[3].atomic)],
+              mixed(rng, scene[3], 8) + [scene[3].atomic_request(
+                  offset=8 * rng.randrange(8) + 5)],
+              mixed(rng, scene[4], 14)]
+    for k in (1, 2, 3):
+        ulpdus[k] += mixed(rng, scene[k], 4)      # dropped after the fault
+    streams = [Stream(s, u, conn) for s, u, conn in zip(scene, ulpdus, conn_of)]
+    got = simulate_engine(streams, streams + interleaved(rng, streams), seed=40, conns=16)
+    codes = [s.terminate and s.terminate.code for s in streams]
+    assert codes == [None, ErrorCode.DDP_UNTAGGED_INVALID_MSN_RANGE,
+                     ErrorCode.RDMAP_STAG_NOT_ASSOCIATED, ErrorCode.RDMAP_OPERATION_UNSPECIFIED,
+                     None]
+    assert [of(got, conn) for conn in conn_of] == [14, 6, 4, 8, 14]
+    assert sum(r["inline"] for rs in got["responses"].values() for r in rs) > 15
+
+
+def test_connections_ird():
+    """Each connection's IRD is its own. Connection 2 (IRD 2) holds both its credits (two Read
+    Responses not handed over) while connection 0 (IRD 1) is answered request by request, its
+    credit given back by each ``done`` (with ``done_conn`` 0) before its next request;
+    connection 2's come back only then, and its next requests are answered. Connection 3 (IRD
+    3), none given back, is answered three times and refused the fourth."""
+    rng = random.Random(41)
+    held, single, spent = scenes(rng, [2, 1, 3])
+    first = [held.read_request(), held.read_request()]
+    a = Stream(single, mixed(rng, single, 8), 0)
+    b = Stream(held, first + mixed(rng, held, 4), 2,
+               release=lambda got: of(got, 0) == len(a.ulpdus))
+    c = Stream(spent, [spent.read_request() for _ in range(5)], 3, release=False)
+    steps = [a, b, c, (b, first[0]), (b, first[1]),
+             lambda got: sum(r["conn"] == 2 for r in got["offered"]) == 2]
+    for k, ulpdu in enumerate(a.ulpdus):
+        steps += [lambda got, k=k: of(got, 0) == k, (a, ulpdu)]
+        if k < len(c.ulpdus):
+            steps.append((c, c.ulpdus[k]))
+    steps.append(lambda got: of(got, 2) == 2)
+    steps += [(b, u) for u in b.ulpdus[2:]]
+    got = simulate_engine([a, b, c], steps, seed=41, conns=4)
+    assert a.terminate is None and b.terminate is None and of(got, 2) == len(b.ulpdus)
+    assert len(c.answered) == 3
+    assert c.terminate.code == ErrorCode.DDP_UNTAGGED_INVALID_MSN_RANGE
+
+
+def test_connections_reopened():
+    """Slots opened afresh after their streams failed: connection 1's new stream (another PD,
+    atomics on its own regions) starts again at MSN 1 and is answered by its engine;
+    connection 2's, of IRD 1 where the old one had 8, is refused its second request.
+    Connection 0 runs throughout."""
+    rng = random.Random(42)
+    scene = scenes(rng, [16, 4, 8, 6, 1])
+    base, old_1, old_2, new_1, new_2 = scene
+    s0 = Stream(base, mixed(rng, base, 20), 0)
+    x = Stream(old_1, mixed(rng, old_1, 3) + [old_1.read_request(msn=7)] +
+               mixed(rng, old_1, 2), 1)
+    w = Stream(old_2, mixed(rng, old_2, 2) +
+               [old_2.atomic_request(stag=old_2.atomic.stag ^ 1)] + mixed(rng, old_2, 3), 2)
+    y = Stream(new_1, mixed(rng, new_1, 8), 1)
+    z = Stream(new_2, [new_2.read_request(), new_2.atomic_request()], 2, release=False)
+    half = [(s0, u) for u in s0.ulpdus[:10]], [(s0, u) for u in s0.ulpdus[10:]]
+    steps = [s0, x, w, *interleaved(rng, [x, w]), *half[0],
+             lambda got: of(got, 1, "faults") and of(got, 2, "faults") and
+             not any(r["conn"] in (1, 2) for r in got["offered"]),
+             200, y, z, *half[1], *interleaved(rng, [y, z])]
+    got = simulate_engine([s0, x, w, y, z], steps, seed=42, conns=4)
+    assert s0.terminate is None and y.terminate is None
+    assert x.terminate.code == ErrorCode.DDP_UNTAGGED_INVALID_MSN_RANGE
+    assert w.terminate.code == ErrorCode.RDMAP_INVALID_STAG
+    assert of(got, 1) == 3 + 8 and of(got, 2) == 2
+    assert len(z.answered) == 1
+    assert z.terminate.code == ErrorCode.DDP_UNTAGGED_INVALID_MSN_RANGE
+
+
+def test_lint_connections(tmp_path):
+    toolchain.setup()
+    path = tmp_path / "request_responder_c16.v"
+    path.write_text(verilog.convert(RequestResponder(conns=16), name=path.stem))
+    assert lint(path) == ""

@@ -700,11 +700,13 @@ def rx_chain():
                      one.cycles[0] - one.stats["last_in_cycle"], "cycles")
 
 
-def _configured_sender(width, count, size):
+def _configured_sender(width, count, size, conns=None):
     """:class:`~iwarp_nic.ddp.StreamSender` with CRC and markers on, sending ``count`` RDMA
     Writes of ``size`` octets (STag :data:`_BENCH_STAG`, TO ``size * k``), each one segment,
     as a one-in one-out block for :class:`~iwarp_tb.runner.BeatPlayer`: the payloads in (the
-    answers to its fetches, in order), the FPDUs out."""
+    answers to its fetches, in order), the FPDUs out. With ``conns``, a sender of that many
+    connections, each opened first, the Writes going to them in turn (the beats' ``conn`` is
+    not passed out)."""
     from amaranth import Module, Signal
     from amaranth.lib import wiring
     from amaranth.lib.wiring import In, Out
@@ -718,19 +720,30 @@ def _configured_sender(width, count, size):
 
         def elaborate(self, platform):
             m = Module()
-            m.submodules.tx = tx = StreamSender(width)
+            m.submodules.tx = tx = StreamSender(width, conns=conns)
             sent = Signal(range(count + 1))
             msg = tx.i_message.payload
             m.d.comb += [
-                tx.crc.eq(1), tx.markers.eq(1), tx.max_ulpdu.eq(size + 14),
                 tx.i_message.valid.eq(sent != count), msg.opcode.eq(0),
                 msg.stag.eq(_BENCH_STAG), msg.to.eq(sent * size), msg.length.eq(size),
                 tx.o_fetch.ready.eq(1),
             ]
+            if conns is None:
+                m.d.comb += [tx.crc.eq(1), tx.markers.eq(1), tx.max_ulpdu.eq(size + 14)]
+            else:
+                opened = Signal(range(conns + 1))
+                opening = tx.i_open
+                m.d.comb += [opening.valid.eq(opened != conns), opening.payload.conn.eq(opened),
+                             opening.payload.crc.eq(1), opening.payload.markers.eq(1),
+                             opening.payload.max_ulpdu.eq(size + 14), msg.conn.eq(sent % conns)]
+                with m.If(opening.valid):
+                    m.d.sync += opened.eq(opened + 1)
+                    m.d.comb += tx.i_message.valid.eq(0)
             with m.If(tx.i_message.valid & tx.i_message.ready):
                 m.d.sync += sent.eq(sent + 1)
             wiring.connect(m, wiring.flipped(self.i), tx.i_payload)
-            wiring.connect(m, tx.o, wiring.flipped(self.o))
+            m.d.comb += [self.o.payload.eq(tx.o.payload), self.o.valid.eq(tx.o.valid),
+                         tx.o.ready.eq(self.o.ready)]
             return m
 
     return ConfiguredSender()
@@ -744,23 +757,25 @@ def tx_chain():
 
     rng = random.Random(5040)
     payloads = [rng.randbytes(4096) for _ in range(200)]
-    framer = Framer(crc=True, markers=True)
-    fpdus = [framer.frame(u) for k, p in enumerate(payloads)
-             for u in segments_of({"opcode": 0, "stag": _BENCH_STAG, "to": 4096 * k},
-                                  p, 4096 + 14)]
-    wire = sum(map(len, fpdus))
-    for width in (8, 64):
-        player = BeatPlayer(f"iwarp_ddp_send_bench_w{width}",
-                            _configured_sender(width, len(payloads), 4096))
+    for width, conns in ((8, None), (64, None), (8, 4), (64, 4)):
+        framers = [Framer(crc=True, markers=True) for _ in range(conns or 1)]
+        fpdus = [framers[k % len(framers)].frame(u) for k, p in enumerate(payloads)
+                 for u in segments_of({"opcode": 0, "stag": _BENCH_STAG, "to": 4096 * k},
+                                      p, 4096 + 14)]
+        wire = sum(map(len, fpdus))
+        name = f"iwarp_ddp_send_bench_w{width}" + (f"_c{conns}" if conns else "")
+        player = BeatPlayer(name, _configured_sender(width, len(payloads), 4096, conns))
         out = player.play(payloads, tag="train")
         if [bytes(p) for p in from_beats(out, width)] != fpdus:
-            raise AssertionError(f"TX chain w{width}: the FPDUs differ from the model's")
+            raise AssertionError(f"{name}: the FPDUs differ from the model's")
         stats = out.stats
         cycles = stats["last_out_cycle"] - stats["first_in_cycle"] + 1
-        config = f"{width} B/beat, 200 RDMA Writes of 4 KiB, CRC and markers"
-        yield record("TX chain output beats per cycle", config,
+        config = f"{width} B/beat, 200 RDMA Writes of 4 KiB, CRC and markers" + (
+            f", {conns} connections in turn" if conns else "")
+        chain = "TX chain" + (" (several connections)" if conns else "")
+        yield record(f"{chain} output beats per cycle", config,
                      round(wire / (width * cycles), 4), "fraction", 0.99)
-        yield record("TX chain payload bytes per cycle",
+        yield record(f"{chain} payload bytes per cycle",
                      f"{config}, ceiling {round(4096 * 200 / wire, 4)}",
                      round(4096 * 200 / (width * cycles), 4), "fraction")
 

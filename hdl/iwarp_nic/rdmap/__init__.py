@@ -5,10 +5,10 @@ stream sends next."""
 
 from .atomic import AtomicExecutor, HostAtomic, HostWord
 from .request import Refused, RequestIssuer, WorkRequest
-from .respond import OutboundMessage, RequestResponder
+from .respond import OpenResponder, OutboundMessage, RequestResponder
 from .schedule import HostRead, SendScheduler
 from .terminate import TerminateEmitter, TerminateHeader, TerminateParser, TerminateRequest
 
 __all__ = ["TerminateEmitter", "TerminateRequest", "TerminateParser", "TerminateHeader",
-           "RequestResponder", "OutboundMessage", "SendScheduler", "HostRead",
+           "RequestResponder", "OpenResponder", "OutboundMessage", "SendScheduler", "HostRead",
            "AtomicExecutor", "HostAtomic", "HostWord", "RequestIssuer", "Refused", "WorkRequest"]

@@ -7,23 +7,27 @@ the inbound credit (IRD) of RFC 6581 section 4, which Reads and atomics share.
 
 :class:`RequestResponder` takes the Read and Atomic Requests of one stream in order and turns
 each into the response to send, as the model's engine does (``_check_ird``,
-``_on_read_request``, ``_on_atomic_request``).
+``_on_read_request``, ``_on_atomic_request``); with ``conns`` it does so for that many
+connections at once, their requests interleaved, each connection's state a word of a small
+memory.
 """
 
 from amaranth import Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.data import StructLayout
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from ..ddp.emit import Message
 from ..ddp.segment import SegmentHeader
 from ..ddp.stag import Access, Fault, LookupRequest, LookupResult
 from ..errors import OFFENDING_BYTES, TerminateCode, Violation
-from ..exact import Machine, add, eq, is_zero, select, sub, widened, wire, wrap_add
+from ..exact import Machine, add, eq, is_zero, lt, select, widened, wire, wrap_add, wrap_sub
 from ..headers import ATOMIC_REQUEST, ATOMIC_RESPONSE, DDP_UNTAGGED, READ_REQUEST
+from ..tcp.layouts import conn_bits, with_conn
 from .atomic import HostAtomic
 
-__all__ = ["OutboundMessage", "RequestResponder", "INLINE_BYTES"]
+__all__ = ["OutboundMessage", "OpenResponder", "RequestResponder", "INLINE_BYTES"]
 
 _READ_RESPONSE, _ATOMIC_REQUEST, _ATOMIC_RESPONSE = 2, 10, 11
 _CMP_SWAP = 2                       # AOpCode (RFC 7306 10.1)
@@ -35,6 +39,31 @@ INLINE_BYTES = ATOMIC_RESPONSE.length
 #: Atomic Response's header).
 OutboundMessage = StructLayout({"message": Message, "source": 64, "inline": 1,
                                 "data": 8 * INLINE_BYTES})
+
+
+def OpenResponder(conns, pd_bits):
+    """Several connections: connection ``conn``'s slot made afresh for a new stream, with the
+    stream's IRD (the requests it may have outstanding) and protection domain."""
+    return with_conn(StructLayout({"ird": 8, "pd": pd_bits}), conns)
+
+
+#: Responses, and Read Responses among them, as 8-bit counts that wrap.
+_Counts = StructLayout({"responses": 8, "reads": 8})
+
+
+def _Context(pd_bits, conns):
+    """A stream's running state: the next MSNs of queue 1 (``expected``) and queue 3, ``dead``,
+    and the responses ``offered`` (less those handed over: the IRD credits in use, and the Read
+    Responses still fetching). With several connections also the stream's IRD and PD: a word
+    of distributed RAM per connection."""
+    fields = {"expected": 32, "msn_3": 32, "dead": 1, "offered": _Counts}
+    if conns is not None:
+        fields.update({"ird": 8, "pd": pd_bits})
+    return StructLayout(fields)
+
+
+#: The state of a stream that has received no request: both MSNs 1.
+_FRESH = {"expected": 1, "msn_3": 1}
 
 
 class RequestResponder(wiring.Component):
@@ -79,37 +108,92 @@ class RequestResponder(wiring.Component):
     Throughput: a request every few cycles plus the table's latency (and an atomic's memory
     round trip). Latency: a Read Response is offered two cycles after the
     table's answer, an Atomic Response a cycle after the original value.
+
+    Several connections (``conns``)
+    -------------------------------
+    The requests of ``conns`` connections come interleaved, each naming its own; they are
+    handled one at a time, in the order they come, each exactly as one stream's (the same
+    checks in the same order, the same codes), against its connection's state: its next MSNs,
+    ``dead``, its IRD and PD, and the responses it has offered. That state is a word of a
+    memory of ``conns`` words with asynchronous reads (distributed RAM on an FPGA), read as a
+    request is taken and written back as its handling ends. The credits come back through a
+    second such memory, written only by ``done``: the responses and Read Responses each
+    connection has handed over, counted modulo 256 (read, counted and written in one cycle).
+    A connection's IRD credits in use are its responses offered less those handed over, its
+    Read Responses still fetching likewise, so a ``done`` for any connection is counted at
+    once, whichever request is in hand. A response is counted in its connection's context as
+    it is offered (it may be taken after the next request, of another connection, is loaded);
+    the checks that read the counts wait for it to be taken, as one stream's do. The ports
+    that differ from one stream's:
+
+    i_request : In(stream.Signature(with_conn(SegmentHeader, conns)))
+        Each request with the connection (``conn``) it came on.
+    i_open : In(stream.Signature(OpenResponder(conns, pd_bits)))
+        Connection ``conn``'s slot made afresh for a new stream (next MSNs of queue 1 and
+        queue 3 both 1, alive, no credit in use), with its IRD and PD; it replaces ``ird`` and
+        ``pd``. Taken between requests, before a waiting request (``i_request`` is not ready
+        while it is offered), in a cycle of its own. A slot's stream must have had every
+        response handed over (its ``done`` given) before the slot is opened again: the
+        opened slot counts its responses from the ``done`` counted so far.
+    done_conn : In(conn_bits(conns))
+        With ``done``: the connection whose response was handed over.
+    o_response, o_fault : Out(stream.Signature(with_conn(OutboundMessage, conns))),
+                          Out(stream.Signature(with_conn(Violation, conns)))
+        As for one stream, each with the ``conn`` it answers.
+
+    A connection that failed answers nothing more (its requests are taken and dropped) while
+    the others go on, until ``i_open`` makes its slot afresh. Cost: no cycle per request (the
+    context is read in the cycle the request is taken, written back in the cycle its handling
+    ends), a cycle per ``i_open``. Latency and back-pressure are one stream's. The memories
+    are not emptied by a reset (they start empty at configuration): a connection is opened
+    before its first request (a slot never opened has an IRD of 0, so its first request is
+    refused as beyond the IRD).
+
+    Bad input: a request, ``i_open`` or ``done`` naming a ``conn`` of ``conns`` or more is
+    taken and ignored (no answer, no Terminate). A ``done`` for a connection with no response
+    outstanding (or a slot opened while its old stream's responses are still being sent)
+    breaks that connection's count: its next request is then refused as beyond the IRD.
     """
 
-    def __init__(self, *, pd_bits=16):
-        self.pd_bits = pd_bits
-        super().__init__({
-            "i_request": In(stream.Signature(SegmentHeader)),
-            "ird": In(8), "pd": In(pd_bits),
+    def __init__(self, *, pd_bits=16, conns=None):
+        self.pd_bits, self.conns = pd_bits, conns
+        ports = {"i_request": In(stream.Signature(with_conn(SegmentHeader, conns)))}
+        if conns is None:
+            ports.update({"ird": In(8), "pd": In(pd_bits)})
+        else:
+            ports["i_open"] = In(stream.Signature(OpenResponder(conns, pd_bits)))
+        ports.update({
             "o_lookup": Out(stream.Signature(LookupRequest(pd_bits))),
             "i_lookup": In(stream.Signature(LookupResult)),
             "o_atomic": Out(stream.Signature(HostAtomic)),
             "i_original": In(stream.Signature(64)),
-            "o_response": Out(stream.Signature(OutboundMessage)),
+            "o_response": Out(stream.Signature(with_conn(OutboundMessage, conns))),
             "done": In(1), "done_inline": In(1),
-            "o_fault": Out(stream.Signature(Violation)),
         })
+        if conns is not None:
+            ports["done_conn"] = In(conn_bits(conns))
+        ports["o_fault"] = Out(stream.Signature(with_conn(Violation, conns)))
+        super().__init__(ports)
 
     def elaborate(self, platform):
         m = Module()
-        hdr = Signal(SegmentHeader)
+        tagged = self.conns is not None
+        hdr = Signal(with_conn(SegmentHeader, self.conns))
         request = READ_REQUEST.unpack(
             hdr.head[8 * DDP_UNTAGGED.length:8 * (DDP_UNTAGGED.length + READ_REQUEST.length)])
         atomic = ATOMIC_REQUEST.unpack(
             hdr.head[8 * DDP_UNTAGGED.length:8 * (DDP_UNTAGGED.length + ATOMIC_REQUEST.length)])
         is_atomic = eq(hdr.opcode, _ATOMIC_REQUEST)
-        expected = Signal(32, init=1)       # the next MSN on queue 1
-        msn_3 = Signal(32, init=1)          # the next MSN of queue 3 (Atomic Responses)
+        # The stream's state (the held connection's) as this cycle began, and as it ends: the
+        # updates of a cycle are made to `nxt`.
+        layout = _Context(self.pd_bits, self.conns)
+        ctx, nxt = Signal(layout, init=_FRESH), Signal(layout)
+        m.d.comb += nxt.eq(ctx)
+        m.d.sync += ctx.eq(nxt)
         original = Signal(64)
-        used = Signal(8)                    # IRD credits in use
-        dead = Signal()
         sink_wraps = Signal()
         source = Signal(64)
+        msn_ok = Signal()                   # the request's MSN is the next, checked as taken
         lookup, result, fault, response, execute = (self.o_lookup, self.i_lookup, self.o_fault,
                                                     self.o_response, self.o_atomic)
         # sink_to + size passes 2**64.
@@ -120,30 +204,61 @@ class RequestResponder(wiring.Component):
         for out in (lookup, fault, response, execute):
             with m.If(out.ready):
                 m.d.sync += out.valid.eq(0)
-        taken = response.valid & response.ready
-        # The credits in use, and whether one is free, kept as registers.
-        used_next = Signal(8)
-        m.d.comb += used_next.eq(used)
-        with m.If(taken & ~self.done):
-            m.d.comb += used_next.eq(add(used, 1))
-        with m.Elif(self.done & ~taken):
-            m.d.comb += used_next.eq(sub(used, 1))
-        credit = Signal()
-        m.d.sync += [used.eq(used_next), credit.eq(used_next < self.ird)]
-        msn_ok = Signal()                   # the request's MSN is the next, checked as taken
-        # Read Responses offered whose payload fetches have not all been issued.
-        reads = Signal(8)
-        read_taken = taken & ~response.payload.inline
-        read_done = self.done & ~self.done_inline
-        with m.If(read_taken & ~read_done):
-            m.d.sync += reads.eq(add(reads, 1))
-        with m.Elif(read_done & ~read_taken):
-            m.d.sync += reads.eq(sub(reads, 1))
+
+        # What `done` has counted so far (`before`: of the connection it names now; `handed`:
+        # of the held one), and that count with this cycle's `done`.
+        counted = Signal(_Counts)
+        if tagged:
+            m.submodules.handed = handed_mem = Memory(shape=_Counts, depth=max(self.conns, 2),
+                                                      init=[])
+            done_rd, held_rd, open_rd = (handed_mem.read_port(domain="comb") for _ in range(3))
+            handed_wr = handed_mem.write_port()
+            m.d.comb += [done_rd.addr.eq(self.done_conn), held_rd.addr.eq(hdr.conn),
+                         open_rd.addr.eq(self.i_open.payload.conn),
+                         handed_wr.addr.eq(self.done_conn), handed_wr.data.eq(counted),
+                         handed_wr.en.eq(self.done & lt(self.done_conn, self.conns))]
+            before, handed = done_rd.data, held_rd.data
+            ird, pd = ctx.ird, ctx.pd
+        else:
+            before = handed = Signal(_Counts)
+            with m.If(self.done):
+                m.d.sync += handed.eq(counted)
+            ird, pd = self.ird, self.pd
+        m.d.comb += [counted.responses.eq(add(before.responses, 1)),
+                     counted.reads.eq(Mux(self.done_inline, before.reads, add(before.reads, 1)))]
+        # The IRD credits in use, and the Read Responses whose payload fetches have not all
+        # been issued.
+        used = wrap_sub(m, ctx.offered.responses, handed.responses, 8, "used")
+        fetching = wrap_sub(m, ctx.offered.reads, handed.reads, 8, "fetching")
+        credit = wire(m, used < ird, "credit")
+
+        if tagged:
+            # Each connection's context: read (asynchronously) as its request is taken, written
+            # back as the machine returns to TAKE, or made afresh by `i_open` in TAKE.
+            m.submodules.contexts = ctx_mem = Memory(shape=layout, depth=max(self.conns, 2),
+                                                     init=[])
+            ctx_rd, ctx_wr = ctx_mem.read_port(domain="comb"), ctx_mem.write_port()
+            opening = self.i_open.payload
+            opened = Signal(layout)
+            m.d.comb += [ctx_rd.addr.eq(self.i_request.payload.conn),
+                         ctx_wr.addr.eq(hdr.conn), ctx_wr.data.eq(nxt),
+                         opened.eq(layout.const(_FRESH)), opened.offered.eq(open_rd.data),
+                         opened.ird.eq(opening.ird), opened.pd.eq(opening.pd)]
+
+        def finish():
+            """The request is done with: its connection's context is written back."""
+            stage.goto("TAKE")
+            if tagged:
+                m.d.comb += ctx_wr.en.eq(1)
 
         def report(code):
             m.d.sync += [fault.valid.eq(1), fault.payload.code.as_value().eq(code),
                          fault.payload.offending.eq(hdr.head[:8 * OFFENDING_BYTES]),
-                         fault.payload.offending_length.eq(hdr.ulpdu_length), dead.eq(1)]
+                         fault.payload.offending_length.eq(hdr.ulpdu_length)]
+            if tagged:
+                m.d.sync += fault.payload.conn.eq(hdr.conn)
+            m.d.comb += nxt.dead.eq(1)
+            finish()
 
         def respond():
             msg, answer = response.payload.message, {"request_id": atomic.request_id,
@@ -151,13 +266,19 @@ class RequestResponder(wiring.Component):
             m.d.sync += [response.valid.eq(1), msg.inv_stag.eq(0),
                          msg.opcode.eq(Mux(is_atomic, _ATOMIC_RESPONSE, _READ_RESPONSE)),
                          msg.stag.eq(request.sink_stag), msg.to.eq(request.sink_to),
-                         msg.msn.eq(Mux(is_atomic, msn_3, 0)),
+                         msg.msn.eq(Mux(is_atomic, ctx.msn_3, 0)),
                          msg.length.eq(Mux(is_atomic, ATOMIC_RESPONSE.length, request.size)),
                          response.payload.source.eq(source),
                          response.payload.inline.eq(is_atomic),
                          response.payload.data.eq(ATOMIC_RESPONSE.pack(answer))]
+            if tagged:
+                m.d.sync += response.payload.conn.eq(hdr.conn)
+            m.d.comb += nxt.offered.responses.eq(add(ctx.offered.responses, 1))
             with m.If(is_atomic):
-                m.d.sync += msn_3.eq(add(msn_3, 1))
+                m.d.comb += nxt.msn_3.eq(add(ctx.msn_3, 1))
+            with m.Else():
+                m.d.comb += nxt.offered.reads.eq(add(ctx.offered.reads, 1))
+            finish()
 
         # Remote Protection codes of the Data Source's faults (the model's _SOURCE_CODES).
         code = select(m, result.payload.fault.as_value(), {
@@ -172,11 +293,25 @@ class RequestResponder(wiring.Component):
         stage = Machine(m, ["TAKE", "CHECK", "LOOKUP", "ANSWER", "EXECUTE", "SEND"], "state")
         free = ~response.valid & ~fault.valid & ~lookup.valid & ~execute.valid
         with stage.state("TAKE"):
-            m.d.comb += self.i_request.ready.eq(1)
-            with m.If(self.i_request.valid):
-                m.d.sync += [hdr.eq(self.i_request.payload),
-                             msn_ok.eq(self.i_request.payload.msn == expected)]
-                stage.goto("CHECK")
+            take = self.i_request
+            if tagged:
+                # A connection made afresh, before any request.
+                m.d.comb += [self.i_open.ready.eq(1), take.ready.eq(~self.i_open.valid)]
+                with m.If(self.i_open.valid):
+                    m.d.comb += [ctx_wr.en.eq(lt(opening.conn, self.conns)),
+                                 ctx_wr.addr.eq(opening.conn), ctx_wr.data.eq(opened)]
+            else:
+                m.d.comb += take.ready.eq(1)
+            current = ctx_rd.data if tagged else ctx
+            with m.If(take.valid & take.ready):
+                m.d.sync += [hdr.eq(take.payload),
+                             msn_ok.eq(take.payload.msn == current.expected)]
+                if tagged:
+                    m.d.sync += ctx.eq(current)
+                    with m.If(lt(take.payload.conn, self.conns)):
+                        stage.goto("CHECK")
+                else:
+                    stage.goto("CHECK")
         with stage.state("CHECK"):
             with m.If(free):
                 # The lookup's fields load whatever the verdict (only `valid` waits on it).
@@ -186,14 +321,13 @@ class RequestResponder(wiring.Component):
                              p.to.eq(Mux(is_atomic, atomic.to, request.src_to)),
                              p.length.eq(Mux(is_atomic, 8, request.size)),
                              p.access.eq(Mux(is_atomic, Access.REMOTE_ATOMIC, Access.REMOTE_READ)),
-                             p.pd.eq(self.pd)]
-                with m.If(dead):
-                    stage.goto("TAKE")
+                             p.pd.eq(pd)]
+                with m.If(ctx.dead):
+                    finish()
                 with m.Elif(~msn_ok | ~credit):
                     report(TerminateCode.DDP_UNTAGGED_INVALID_MSN_RANGE)
-                    stage.goto("TAKE")
                 with m.Else():
-                    m.d.sync += expected.eq(add(hdr.msn, 1))
+                    m.d.comb += nxt.expected.eq(add(hdr.msn, 1))
                     with m.If(is_zero(request.size) & ~is_atomic):
                         m.d.sync += source.eq(0)
                         stage.goto("SEND")
@@ -208,12 +342,10 @@ class RequestResponder(wiring.Component):
                     stage.goto("ANSWER")
                 with m.Else():
                     report(code)
-                    stage.goto("TAKE")
         with stage.state("ANSWER"):
             with m.If(is_atomic & ~is_zero(atomic.to[:3])):
                 report(TerminateCode.RDMAP_OPERATION_UNSPECIFIED)
-                stage.goto("TAKE")
-            with m.Elif(is_atomic & ~is_zero(reads)):
+            with m.Elif(is_atomic & ~is_zero(fetching)):
                 pass                        # earlier Read Responses are still being fetched
             with m.Elif(is_atomic):
                 op = execute.payload
@@ -226,7 +358,6 @@ class RequestResponder(wiring.Component):
                 stage.goto("EXECUTE")
             with m.Elif(sink_wraps):
                 report(TerminateCode.RDMAP_TO_WRAP)
-                stage.goto("TAKE")
             with m.Else():
                 stage.goto("SEND")
         with stage.state("EXECUTE"):
@@ -237,5 +368,4 @@ class RequestResponder(wiring.Component):
         with stage.state("SEND"):
             with m.If(~response.valid):
                 respond()
-                stage.goto("TAKE")
         return m
