@@ -103,6 +103,7 @@ def tops():
     tops["iwarp_rdmap_request_issuer_c16"] = lambda: RequestIssuer(conns=16)
     tops["iwarp_ddp_outstanding_c16"] = lambda: OutstandingTable(16)
     tops["iwarp_ddp_rtr_check"] = RtrCheck
+    tops["iwarp_ddp_rtr_check_c16"] = lambda: RtrCheck(16)
     tops["iwarp_ddp_stag_e256"] = lambda: StagTable(256)
     tops["iwarp_ddp_stag_e4096"] = lambda: StagTable(4096)
     tops["iwarp_tcp_isn"] = lambda: IsnGenerator(156_250_000)

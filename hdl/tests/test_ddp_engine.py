@@ -103,6 +103,7 @@ class Scene:
             agreed = self.peer.negotiated
             self.peer._framer = Framer(crc=agreed.crc, markers=agreed.tx_markers(initiator=True),
                                        emss=self.peer.emss)
+        self.delivered = 0          # the leading ULPDUs of its stream the model has had
         self.receives = []          # the gateware's PostedReceive of each receive posted
         self.outstanding = []       # the gateware's OutstandingRead of each Read posted
         self.msn = self.msn_3 = 1
@@ -530,6 +531,9 @@ def test_violation(n, kind):
 
 
 
+#: The gateware's Rtr of each of the model's (None: not peer-to-peer).
+HW_RTR = {None: HwRtr.NONE, Rtr.WRITE: HwRtr.WRITE, Rtr.SEND: HwRtr.SEND, Rtr.READ: HwRtr.READ}
+
 #: Each case of a peer-to-peer stream's first FPDU: the RTR awaited, and whether it matches.
 RTR_CASES = {"write": (Rtr.WRITE, True), "send": (Rtr.SEND, True), "read": (Rtr.READ, True),
              "send_for_write": (Rtr.WRITE, False), "write_with_data": (Rtr.WRITE, False),
@@ -574,9 +578,8 @@ def test_rtr(n, case):
         length = rng.randrange(200)
         scene.post(length + 10)
         ulpdus += scene.message(Opcode.SEND, length)
-    hw_rtr = {Rtr.WRITE: HwRtr.WRITE, Rtr.SEND: HwRtr.SEND, Rtr.READ: HwRtr.READ}[rtr]
     wcs, terminate, started = simulate(n, scene, ulpdus, crc=bool(n % 2), markers=True,
-                                       seed=n, rtr=hw_rtr, forwarded=int(case == "read"))
+                                       seed=n, rtr=HW_RTR[rtr], forwarded=int(case == "read"))
     if matches:
         assert terminate is None and started and len(wcs) == 3
     else:
@@ -599,19 +602,21 @@ def interleave(rng, streams):
 
 
 def simulate_connections(n, phases, *, conns, seed):
-    """Run ``phases`` through a :class:`ConnectionsPlacer` and compare each connection with its own
-    model engine. A phase maps connections to (scene, ULPDUs, Send RTR); each of its
-    connections is opened afresh (``i_open``; its outstanding Reads cleared, then pushed as the
-    requester would have as it sent them), then their segments go in interleaved, and the
-    phase ends when every output has been quiet a while. With the Send RTR (RFC 6581), the
-    scene's model has had it already and the placer is told with ``i_open`` (the RTR is
-    checked before the placer). All scenes share one device and table."""
+    """Run ``phases`` through a :class:`ConnectionsPlacer` and compare each connection with its
+    own model engine. A phase maps connections to (scene, ULPDUs, RTR awaited or None; the
+    model has had the first ``scene.delivered`` ULPDUs already); each of its connections is
+    opened afresh (``i_open``; its outstanding Reads cleared, then pushed as the requester
+    would have as it sent them), then their segments go in interleaved, and the phase ends
+    when every output has been quiet a while. All scenes share one device and table. Returns
+    the models' results and the connections whose stream started (the ``o_started`` events,
+    in order)."""
     rng = random.Random(seed)
     scenes = [scene for phase in phases for scene, _, _ in phase.values()]
     before = {stag: bytes(octets) for scene in scenes for stag, octets in scene.memory.items()}
     host = scenes[0].host
     writes = [host.write(r) for scene in scenes for r in scene.regions]
-    models = [{conn: scene.model(ulpdus) for conn, (scene, ulpdus, _) in phase.items()}
+    models = [{conn: scene.model(ulpdus[scene.delivered:])
+               for conn, (scene, ulpdus, _) in phase.items()}
               for phase in phases]
     dut = ConnectionsPlacer(n, conns=conns, fifo_beats=8192 // n, stag_entries=64)
     got, offers = {}, {}
@@ -625,8 +630,8 @@ def simulate_connections(n, phases, *, conns, seed):
             for conn, (scene, _, _) in phase.items():
                 offers[conn] = list(scene.receives)
             await send(bus, StreamPort.amaranth(dut.i_open),
-                       [{"conn": conn, "pd": scene.pd.handle, "send_rtr": int(send_rtr)}
-                        for conn, (scene, _, send_rtr) in phase.items()])
+                       [{"conn": conn, "pd": scene.pd.handle, "rtr": HW_RTR[rtr].value}
+                        for conn, (scene, _, rtr) in phase.items()])
             await send(bus, StreamPort.amaranth(dut.i_push),
                        [{**read, "conn": conn} for conn, (scene, _, _) in phase.items()
                         for read in scene.outstanding])
@@ -644,7 +649,7 @@ def simulate_connections(n, phases, *, conns, seed):
         name=f"ddp_contexts_w{n}")
     assert got.get("done")
     compare_connections(scenes, before, phases, models, got)
-    return models
+    return models, [e["conn"] for e in got["started"]]
 
 
 def receive_answers(placer, offers, rng):
@@ -676,7 +681,8 @@ def placer_monitors(got, placer, n, seed):
             monitor("completions", placer.o_complete, 4),
             monitor("reads", placer.o_read_done, 8), monitor("faults", placer.o_fault, 5),
             monitor("headers", placer.o_header, 6),
-            monitor("payloads", placer.o_payload, 7, True)]
+            monitor("payloads", placer.o_payload, 7, True),
+            monitor("started", placer.o_started, 9)]
 
 
 def compare_connections(scenes, before, phases, models, got):
@@ -708,11 +714,14 @@ def _count(key, wcs, terminate):
 
 @pytest.mark.parametrize("n", [1, 8, 64])
 def test_connections(n):
-    """Four connections' traffic interleaved segment by segment through the several-connection
+    """Five connections' traffic interleaved segment by segment through the several-connection
     placer, each against its own model engine: two fail (a queue 0 and a Read Response
     violation) and the others carry on untouched, one of them a peer-to-peer Responder whose
-    Send RTR used MSN 1; then a failed connection's slot is opened afresh for a new stream,
-    which must start from MSN 1 with nothing of the old one."""
+    first FPDU is the Send RTR it awaits (MSN 1); a fifth is a peer-to-peer Responder whose
+    first FPDU is not its RTR (a mismatch picked at random from the single-stream cases: "No
+    matching RTR"). Each stream but that one is reported started. Then a failed connection's
+    slot is opened afresh for a new stream, which must start from MSN 1 with nothing of the
+    old one."""
     rng = random.Random(40 + n)
     dev = verbs.Device("b")
     host = HostTable(rng, table=dev.mr_table, pds=0)
@@ -723,18 +732,28 @@ def test_connections(n):
     count = 3 if n == 1 else 8
     first = {conn: scene() for conn in (0, 5, 9)}
     first[15] = scene(Rtr.SEND)
-    first[15].model([Segment(Opcode.SEND, b"", msn=1).encode()])    # its Send RTR
-    first[15].msn = 2
+    send_rtr = Segment(Opcode.SEND, b"", msn=1).encode()
+    first[15].model([send_rtr])         # before its Reads are posted (the model sends them)
+    first[15].delivered, first[15].msn = 1, 2
+    # A peer-to-peer Responder whose first FPDU is not the RTR it awaits.
+    case = rng.choice([case for case, (_, matches) in RTR_CASES.items() if not matches])
+    first[3] = scene(RTR_CASES[case][0])
     streams = {conn: traffic(s, count, longest=1500) for conn, s in first.items()}
+    streams[15].insert(0, send_rtr)
+    streams[3].insert(0, _first_fpdu(case, first[3]))
+    awaited = {15: Rtr.SEND, 3: RTR_CASES[case][0]}
     for conn, kind in ((5, rng.choice(VIOLATIONS[:12])), (9, rng.choice(VIOLATIONS[12:]))):
         bad, _ = _violation(kind, first[conn])
         streams[conn] += bad + [first[conn].write(rng.randrange(1, 300))]
     again = scene()
-    phases = [{conn: (s, streams[conn], conn == 15) for conn, s in first.items()},
-              {5: (again, traffic(again, count, longest=1500), False)}]
-    models = simulate_connections(n, phases, conns=16, seed=n)
+    phases = [{conn: (s, streams[conn], awaited.get(conn)) for conn, s in first.items()},
+              {5: (again, traffic(again, count, longest=1500), None)}]
+    models, started = simulate_connections(n, phases, conns=16, seed=n)
     terminates = {conn: t for conn, (_, t) in models[0].items()}
-    assert [conn for conn, t in terminates.items() if t is not None] == [5, 9]
+    assert {conn for conn, t in terminates.items() if t is not None} == {3, 5, 9}
+    assert terminates[3].code == ErrorCode.MPA_NO_MATCHING_RTR
+    # Every stream but the one whose RTR did not match may send once its first FPDU is in.
+    assert sorted(started) == [0, 5, 5, 9, 15] and started[-1] == 5
     assert len(models[0][15][0]) == len(first[15].receives) + len(first[15].outstanding)
     assert models[1][5][1] is None and len(models[1][5][0]) == len(again.receives) + len(
         again.outstanding)
@@ -812,7 +831,7 @@ def simulate_path(n, conns, streams, *, crc, markers, seed, corrupt=None):
             [frame] = await recv_packets(bus, StreamPort.amaranth(dut.o_startup), 1, n)
             got["startups"][header["conn"]] = bytes(frame)
         await send(bus, StreamPort.amaranth(dut.i_open),
-                   [{"conn": conn, "pd": scene.pd.handle, "send_rtr": 0}
+                   [{"conn": conn, "pd": scene.pd.handle, "rtr": 0}
                     for conn, (scene, _) in streams.items()])
         await send(bus, StreamPort.amaranth(dut.i_push),
                    [{**read, "conn": conn} for conn, (scene, _) in streams.items()

@@ -507,7 +507,8 @@ def _receiver_train(width, conns, count, chunks, *, placed=False):
         if placed:
             await load_table(ctx, dut.i_write, [_bench_entry()])
             await send(bus, StreamPort.amaranth(dut.i_open),
-                       [{"conn": c, "pd": _BENCH_PD, "send_rtr": 0} for c in range(conns)])
+                       [{"conn": c, "pd": _BENCH_PD, "rtr": 0} for c in range(conns)])
+            ctx.set(dut.o_started.ready, 1)
         for c in range(conns):
             await send(bus, cmd, [{"op": GatherOp.START.value, "conn": c, "markers": 0,
                                    "crc": 0}])

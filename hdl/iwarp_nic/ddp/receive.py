@@ -10,21 +10,30 @@ before placement), RFC 6581 section 7 (the RTR check).
 
 from amaranth import Module, Mux
 from amaranth.lib import stream, wiring
+from amaranth.lib.data import StructLayout
 from amaranth.lib.wiring import In, Out
 
 from ..errors import Violation
-from ..exact import gt
+from ..exact import eq, gt
 from ..mpa import FpduDeframer, MpaReceiver
 from ..mpa.deframer import ErrorKind
 from ..mpa.negotiate import Rtr
 from ..stream import BeatStream, check_data_bytes
+from ..tcp.layouts import ConnRef, with_conn
 from . import placement
 from .outstanding import OutstandingTable
 from .rtr import RtrCheck
 from .segment import SegmentHeader, SegmentParser
 from .stag import LookupArbiter, LookupRequest, LookupResult, StagTable, StagWrite
 
-__all__ = ["StreamReceiver", "ConnectionsReceiver"]
+__all__ = ["StreamReceiver", "ConnectionsOpen", "ConnectionsPlacer", "ConnectionsReceiver"]
+
+
+def ConnectionsOpen(conns, pd_bits):
+    """A new stream taking connection ``conn``'s slot of a :class:`ConnectionsPlacer`: its
+    protection domain and the RTR it awaits as a peer-to-peer Responder (RFC 6581 section 7;
+    ``NONE`` when it awaits none)."""
+    return with_conn(StructLayout({"pd": pd_bits, "rtr": Rtr}), conns)
 
 
 class StreamReceiver(wiring.Component):
@@ -144,19 +153,24 @@ class ConnectionsPlacer(wiring.Component):
     (the several-connection deframer's packets, each beat naming its connection), every
     connection's placements and events out.
 
-    It chains the several-connection :class:`~.segment.SegmentParser` and
-    :class:`~.placement.SegmentPlacer`, with the :class:`~.stag.StagTable` (the placer's
-    lookups and invalidations only) and the
-    :class:`~.outstanding.OutstandingTable` the placer asks for each
-    connection's oldest outstanding Read.
+    It chains the several-connection :class:`~.segment.SegmentParser`,
+    :class:`~.rtr.RtrCheck` (RFC 6581 section 7) and :class:`~.placement.SegmentPlacer`, with
+    the :class:`~.stag.StagTable` (the placer's lookups and invalidations only) and the
+    :class:`~.outstanding.OutstandingTable` the placer asks for each connection's oldest
+    outstanding Read.
 
     Ports
     -----
     i : In(BeatStream(data_bytes, err=True, conns=conns))
         The ULPDU packets (``err``: the FPDU was bad; its connection then places nothing more).
-    i_open : In(stream.Signature(OpenContext(conns, pd_bits)))
-        A connection's placer context made afresh and its outstanding Reads cleared, taken by
-        both in one cycle, as a new stream takes the slot; before its first segment.
+    i_open : In(stream.Signature(ConnectionsOpen(conns, pd_bits)))
+        A new stream takes connection ``conn``'s slot, before its first segment: its placer
+        context made afresh with its PD (queue 0 starting after MSN 1 when the RTR awaited,
+        ``rtr``, is a Send), its outstanding Reads cleared, its first segment to be checked
+        against ``rtr`` (``NONE``: none awaited); taken by all three in one cycle.
+    o_started : Out(stream.Signature(ConnRef(conns)))
+        The :class:`~.rtr.RtrCheck`'s: a connection's first FPDU taken (with an RTR awaited,
+        it matched); it may send from then on.
     i_push, count_conn, count :
         The :class:`~.outstanding.OutstandingTable`'s, for the requester: a
         Read or atomic whose request was sent, and a connection's number outstanding.
@@ -181,7 +195,8 @@ class ConnectionsPlacer(wiring.Component):
         placer = self._placer.signature.members
         super().__init__({
             "i": In(BeatStream(data_bytes, err=True, conns=conns)),
-            "i_open": placer["i_open"],
+            "i_open": In(stream.Signature(ConnectionsOpen(conns, pd_bits))),
+            "o_started": Out(stream.Signature(ConnRef(conns))),
             **{name: self._outstanding.signature.members[name] for name in _OUTSTANDING_PORTS},
             "i_write": self._table.signature.members["i_write"],
             **{name: placer[name] for name in _PLACER_PORTS},
@@ -194,7 +209,10 @@ class ConnectionsPlacer(wiring.Component):
         m.submodules.outstanding = outstanding = self._outstanding
         m.submodules.parser = parser = SegmentParser(self.data_bytes, conns=self.conns)
         wiring.connect(m, wiring.flipped(self.i), parser.i)
-        wiring.connect(m, parser.o_header, placer.i_header)
+        m.submodules.rtr = rtr = RtrCheck(self.conns)
+        wiring.connect(m, parser.o_header, rtr.i)
+        wiring.connect(m, rtr.o, placer.i_header)
+        wiring.connect(m, rtr.o_started, wiring.flipped(self.o_started))
         wiring.connect(m, parser.o_payload, placer.i_payload)
         wiring.connect(m, placer.o_lookup, table.i_check)
         wiring.connect(m, table.o_check, placer.i_lookup)
@@ -205,10 +223,16 @@ class ConnectionsPlacer(wiring.Component):
         wiring.connect(m, outstanding.o_oldest, placer.i_oldest)
         wiring.connect(m, placer.o_retire, outstanding.i_retire)
         _pass_through(m, self, outstanding, _OUTSTANDING_PORTS)
-        # i_open goes to the placer and, as a clear, to the outstanding Reads: taken by both
-        # in one cycle.
+        # i_open goes to the placer, to the RTR check (always ready) and, as a clear, to the
+        # outstanding Reads: taken by all in one cycle.
         opening, clear = self.i_open, outstanding.i_clear
-        m.d.comb += [placer.i_open.payload.eq(opening.payload),
+        m.d.comb += [placer.i_open.payload.conn.eq(opening.payload.conn),
+                     placer.i_open.payload.pd.eq(opening.payload.pd),
+                     placer.i_open.payload.send_rtr.eq(eq(opening.payload.rtr.as_value(),
+                                                           Rtr.SEND.value)),
+                     rtr.i_open.payload.conn.eq(opening.payload.conn),
+                     rtr.i_open.payload.expect.eq(opening.payload.rtr),
+                     rtr.i_open.valid.eq(opening.valid & placer.i_open.ready & clear.ready),
                      clear.payload.conn.eq(opening.payload.conn),
                      placer.i_open.valid.eq(opening.valid & clear.ready),
                      clear.valid.eq(opening.valid & placer.i_open.ready),
@@ -231,8 +255,8 @@ class ConnectionsReceiver(wiring.Component):
         The :class:`~iwarp_nic.mpa.MpaReceiver`'s: chunks, the host's ``START`` and ``FPDUS``,
         the startup frames, a connection's deframing failure (its FPDUs then stop, and so does
         its placement, without a Terminate request of the placer's).
-    i_open, i_push, count_conn, count, i_write, o_ask_receive, i_receive, o_place, o_data,
-    o_complete, o_read_done, o_fault, o_header, o_payload :
+    i_open, o_started, i_push, count_conn, count, i_write, o_ask_receive, i_receive, o_place,
+    o_data, o_complete, o_read_done, o_fault, o_header, o_payload :
         The :class:`ConnectionsPlacer`'s (``i_open`` before the connection's ``FPDUS``).
 
     The placer's payload FIFO holds ``ring_bytes`` octets, more than the largest ULPDU the
@@ -287,4 +311,4 @@ _PLACER_PORTS = ("o_ask_receive", "i_receive", "o_place", "o_data", "o_complete"
 _MPA_PORTS = ("i_header", "i", "i_cmd", "o_startup_header", "o_startup", "o_error")
 #: The OutstandingTable's ports a :class:`ConnectionsPlacer` passes through (the requester's).
 _OUTSTANDING_PORTS = ("i_push", "count_conn", "count")
-_PLACEMENT_PORTS = ("i_open", *_OUTSTANDING_PORTS, "i_write", *_PLACER_PORTS)
+_PLACEMENT_PORTS = ("i_open", "o_started", *_OUTSTANDING_PORTS, "i_write", *_PLACER_PORTS)
