@@ -105,9 +105,12 @@ class RequestResponder(wiring.Component):
     over (its payload fetches issued): the Read then returns the memory as the model's engine
     reads it, before the atomic (the responder processes queue 1's requests in order),
     provided host reads and the executor's accesses reach memory in the order given.
-    Throughput: a request every few cycles plus the table's latency (and an atomic's memory
-    round trip). Latency: a Read Response is offered two cycles after the
-    table's answer, an Atomic Response a cycle after the original value.
+    The credits in use and the Read Responses still fetching are registered counts, a
+    ``done`` seen the cycle after it (a peer cannot have the response by then, so no request
+    it may send is refused), and a request's checks start in its second cycle after it is
+    taken. Throughput: a request every few cycles plus the table's latency (and an atomic's
+    memory round trip). Latency: a Read Response is offered two cycles after the table's
+    answer, an Atomic Response a cycle after the original value.
 
     Several connections (``conns``)
     -------------------------------
@@ -142,12 +145,12 @@ class RequestResponder(wiring.Component):
         As for one stream, each with the ``conn`` it answers.
 
     A connection that failed answers nothing more (its requests are taken and dropped) while
-    the others go on, until ``i_open`` makes its slot afresh. Cost: no cycle per request (the
-    context is read in the cycle the request is taken, written back in the cycle its handling
-    ends), a cycle per ``i_open``. Latency and back-pressure are one stream's. The memories
-    are not emptied by a reset (they start empty at configuration): a connection is opened
-    before its first request (a slot never opened has an IRD of 0, so its first request is
-    refused as beyond the IRD).
+    the others go on, until ``i_open`` makes its slot afresh. Cost: no cycle per request more
+    than one stream's (the context is read in the cycle the request is taken, written back in
+    the cycle its handling ends), a cycle per ``i_open``. Latency and back-pressure are one
+    stream's. The memories are not emptied by a reset (they start empty at configuration): a
+    connection is opened before its first request (a slot never opened has an IRD of 0, so
+    its first request is refused as beyond the IRD).
 
     Bad input: a request, ``i_open`` or ``done`` naming a ``conn`` of ``conns`` or more is
     taken and ignored (no answer, no Terminate). A ``done`` for a connection with no response
@@ -227,10 +230,15 @@ class RequestResponder(wiring.Component):
         m.d.comb += [counted.responses.eq(add(before.responses, 1)),
                      counted.reads.eq(Mux(self.done_inline, before.reads, add(before.reads, 1)))]
         # The IRD credits in use, and the Read Responses whose payload fetches have not all
-        # been issued.
-        used = wrap_sub(m, ctx.offered.responses, handed.responses, 8, "used")
-        fetching = wrap_sub(m, ctx.offered.reads, handed.reads, 8, "fetching")
+        # been issued, registered: a cycle late, so a credit handed back is seen a cycle after
+        # its `done` (long before the peer can have its response), and a request is checked
+        # from its second cycle in CHECK (`settling` its first).
+        used, fetching = Signal(8), Signal(8)
+        m.d.sync += [used.eq(wrap_sub(m, ctx.offered.responses, handed.responses, 8, "in_use")),
+                     fetching.eq(wrap_sub(m, ctx.offered.reads, handed.reads, 8, "unfetched"))]
         credit = wire(m, used < ird, "credit")
+        settling = Signal()
+        m.d.sync += settling.eq(0)
 
         if tagged:
             # Each connection's context: read (asynchronously) as its request is taken, written
@@ -304,7 +312,7 @@ class RequestResponder(wiring.Component):
                 m.d.comb += take.ready.eq(1)
             current = ctx_rd.data if tagged else ctx
             with m.If(take.valid & take.ready):
-                m.d.sync += [hdr.eq(take.payload),
+                m.d.sync += [hdr.eq(take.payload), settling.eq(1),
                              msn_ok.eq(take.payload.msn == current.expected)]
                 if tagged:
                     m.d.sync += ctx.eq(current)
@@ -313,7 +321,7 @@ class RequestResponder(wiring.Component):
                 else:
                     stage.goto("CHECK")
         with stage.state("CHECK"):
-            with m.If(free):
+            with m.If(free & ~settling):
                 # The lookup's fields load whatever the verdict (only `valid` waits on it).
                 p = lookup.payload
                 m.d.sync += [sink_wraps.eq(wraps),
