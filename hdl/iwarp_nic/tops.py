@@ -75,6 +75,7 @@ def tops():
         tops[f"iwarp_mpa_receiver_w{n}"] = lambda n=n: MpaReceiver(n)
         tops[f"iwarp_rdmap_terminate_w{n}"] = lambda n=n: TerminateEmitter(n)
         tops[f"iwarp_rdmap_terminate_parser_w{n}"] = lambda n=n: TerminateParser(n)
+        tops[f"iwarp_rdmap_terminate_parser_c16_w{n}"] = lambda n=n: TerminateParser(n, conns=16)
         tops[f"iwarp_ddp_segment_w{n}"] = lambda n=n: SegmentParser(n)
         tops[f"iwarp_ddp_segment_c16_w{n}"] = lambda n=n: SegmentParser(n, conns=16)
         tops[f"iwarp_ddp_segment_placer_w{n}"] = lambda n=n: SegmentPlacer(n)

@@ -196,13 +196,17 @@ def decoded(header):
             "rdma_header": t.rdma_header}
 
 
-def parse(n, headers, *, seed, idle=IDLE, stall=STALL):
-    dut = TerminateParser(n)
+def parse(n, headers, *, seed, idle=IDLE, stall=STALL, conns=None):
+    """The parser's output for ``headers``; with ``conns``, ``headers`` are (conn, header)."""
+    dut = TerminateParser(n, conns=conns)
     got = {}
+    tagged = [(None, h) for h in headers] if conns is None else headers
+    headers = [h for _, h in tagged]
 
     async def lengths(ctx):
         await send(AmaranthBus(ctx), StreamPort.amaranth(dut.i_length),
-                   [{"data": len(h)} for h in headers], rng=random.Random(seed), idle=idle)
+                   [{"data": len(h)} if c is None else {"length": len(h), "conn": c}
+                    for c, h in tagged], rng=random.Random(seed), idle=idle)
 
     async def octets(ctx):
         await send_packets(AmaranthBus(ctx), StreamPort.amaranth(dut.i),
@@ -221,7 +225,11 @@ def test_parser_against_model(n):
     """Each Terminate header decoded as the model's ``Terminate.decode`` does, or ``bad``
     where it raises (truncated, trailing octets)."""
     headers = terminate_headers(random.Random(n))
-    outputs = parse(n, headers, seed=n)
+    check_decoded(headers, parse(n, headers, seed=n))
+
+
+def check_decoded(headers, outputs):
+    """Each output the model's decoding of its header, or ``bad``; plenty of each kind."""
     assert len(outputs) == len(headers)
     verdicts = []
     for header, out in zip(headers, outputs):
@@ -237,6 +245,18 @@ def test_parser_against_model(n):
                "ddp_header": ddp, "rdma_header": rdma}
         assert got == want, header.hex()
     assert 50 < sum(verdicts) < len(verdicts) - 50      # both kinds, plenty of each
+
+
+@pytest.mark.parametrize("n", [1, 8, 64])
+def test_parser_connections(n):
+    """With ``conns``, each Terminate's decoded header names the connection its length named,
+    and is decoded as with one stream."""
+    rng = random.Random(70 + n)
+    headers = terminate_headers(rng)
+    tags = [rng.randrange(16) for _ in headers]
+    outputs = parse(n, list(zip(tags, headers)), seed=n, conns=16)
+    assert [out["conn"] for out in outputs] == tags
+    check_decoded(headers, outputs)
 
 
 @pytest.mark.parametrize("n", [1, 8, 64])

@@ -19,6 +19,7 @@ from amaranth.lib.wiring import In, Out
 from ..errors import OFFENDING_BYTES
 from ..exact import add, eq, gt, is_zero, lt, mask, select, sub, widened, wire
 from ..stream import BeatStream, check_data_bytes
+from ..tcp.layouts import conn_bits, with_conn
 
 __all__ = ["OFFENDING_BYTES", "TerminateRequest", "TerminateEmitter", "TerminateHeader",
            "TerminateParser"]
@@ -147,15 +148,19 @@ TerminateHeader = StructLayout({
 class TerminateParser(wiring.Component):
     """Decode the Terminate header of a received Terminate message (RFC 5040 4.8, figure 7).
 
+    ``conns`` None: one stream. ``conns`` an integer: the Terminates of that many connections,
+    one at a time, each length naming its connection, and so does its decoded header.
+
     Ports
     -----
-    i_length : In(stream.Signature(unsigned(16)))
+    i_length : In(stream.Signature(unsigned(16) or with_conn({"length": 16}, conns)))
         One per Terminate: the octets of its header, the DDP segment's payload (0 or more).
     i : In(BeatStream(data_bytes))
         For each length above 0, that many octets as one packet.
-    o : Out(stream.Signature(TerminateHeader))
+    o : Out(stream.Signature(with_conn(TerminateHeader, conns)))
         One per Terminate, offered the cycle after its last octet is taken (after its length,
-        for 0 octets): what the model's ``Terminate.decode`` returns, or ``bad`` where it raises.
+        for 0 octets): what the model's ``Terminate.decode`` returns, or ``bad`` where it raises
+        (and the length's ``conn``).
 
     The decoding follows the header's own flags: the segment length field is there when M or D
     is set, the DDP header copy when D is (14 or 18 octets as the copy's T bit says), the Read
@@ -166,12 +171,15 @@ class TerminateParser(wiring.Component):
     stalls ``i``.
     """
 
-    def __init__(self, data_bytes):
+    def __init__(self, data_bytes, *, conns=None):
         self.data_bytes = check_data_bytes(data_bytes)
+        self.conns = conns
         super().__init__({
-            "i_length": In(stream.Signature(unsigned(16))),
+            "i_length": In(stream.Signature(
+                unsigned(16) if conns is None else with_conn(StructLayout({"length": 16}),
+                                                             conns))),
             "i": In(BeatStream(data_bytes)),
-            "o": Out(stream.Signature(TerminateHeader)),
+            "o": Out(stream.Signature(with_conn(TerminateHeader, conns))),
         })
 
     def elaborate(self, platform):
@@ -182,6 +190,7 @@ class TerminateParser(wiring.Component):
         length = Signal(16)
         index = Signal(range(beats + 1))    # beats taken, up to the last one kept
         busy = Signal()
+        conn = Signal(conn_bits(self.conns or 1))     # the Terminate's connection
         out = self.o
 
         def octet(k):
@@ -221,13 +230,19 @@ class TerminateParser(wiring.Component):
                 out.payload.rdma.eq(rdma), out.payload.rdma_header.eq(rdma_at),
                 out.payload.bad.eq(bad),
             ]
+            if self.conns is not None:
+                m.d.sync += out.payload.conn.eq(conn)
 
         out_free = ~out.valid | out.ready
         # The header is complete when its last beat went in (or it has no octet at all).
         m.d.comb += self.i_length.ready.eq(~busy)
+        given = self.i_length.payload
         with m.If(self.i_length.valid & ~busy):
-            m.d.sync += [busy.eq(1), length.eq(self.i_length.payload), index.eq(0),
-                         held.eq(0)]
+            m.d.sync += [busy.eq(1), index.eq(0), held.eq(0)]
+            if self.conns is None:
+                m.d.sync += length.eq(given)
+            else:
+                m.d.sync += [length.eq(given.length), conn.eq(given.conn)]
         done = Signal()
         pending = Signal()                  # decode `held` (complete) into `o` this cycle
         with m.If(busy & ~pending & out_free):
