@@ -22,7 +22,8 @@ from amaranth.lib.wiring import In, Out
 from .exact import mask, select
 from .tcp.layouts import conn_bits
 
-__all__ = ["DATA_BYTES", "check_data_bytes", "BeatLayout", "BeatStream", "keep_count", "SkidBuffer"]
+__all__ = ["DATA_BYTES", "check_data_bytes", "BeatLayout", "BeatStream", "keep_count", "SkidBuffer",
+           "pass_through"]
 
 #: Datapath widths, in bytes per beat, that every streaming block supports.
 DATA_BYTES = (1, 2, 4, 8, 16, 32, 64)
@@ -50,6 +51,21 @@ def BeatLayout(data_bytes, *, err=False, conns=None):
 def BeatStream(data_bytes, *, err=False, conns=None):
     """``stream.Signature`` of a byte stream of :func:`BeatLayout` beats."""
     return stream.Signature(BeatLayout(data_bytes, err=err, conns=conns))
+
+
+def pass_through(m, outer, inner, names):
+    """Connect the ports ``names`` of a component ``outer`` to the same-named ports of
+    ``inner``, one of its submodules (streams with ``wiring.connect``, plain ports by flow)."""
+    for name in names:
+        member, mine, theirs = outer.signature.members[name], getattr(outer, name), \
+            getattr(inner, name)
+        inward = member.flow == wiring.In
+        if member.is_port:
+            m.d.comb += theirs.eq(mine) if inward else mine.eq(theirs)
+        elif inward:
+            wiring.connect(m, wiring.flipped(mine), theirs)
+        else:
+            wiring.connect(m, theirs, wiring.flipped(mine))
 
 
 def keep_count(m, keep, data_bytes, name):

@@ -22,7 +22,7 @@ def tops():
     from .ddp.segment import SegmentParser
     from .ddp.send import StreamSender
     from .ddp.stag import StagTable
-    from .engine import IwarpEngine
+    from .engine import ConnectionsEngine, IwarpEngine
     from .eth import GmiiMac, XgmiiMac
     from .eth.cdc import MacRxCrossing, MacTxCrossing
     from .fifo import PacketFifo
@@ -88,6 +88,7 @@ def tops():
         tops[f"iwarp_rdmap_send_scheduler_w{n}"] = lambda n=n: SendScheduler(n)
         tops[f"iwarp_rdmap_send_scheduler_c16_w{n}"] = lambda n=n: SendScheduler(n, conns=16)
         tops[f"iwarp_engine_w{n}"] = lambda n=n: IwarpEngine(n)
+        tops[f"iwarp_engine_c16_w{n}"] = lambda n=n: ConnectionsEngine(n)
     for n in (1, 8):
         tops[f"iwarp_mac_rx_cdc_w{n}"] = lambda n=n: MacRxCrossing(n)
         tops[f"iwarp_mac_tx_cdc_w{n}"] = lambda n=n: MacTxCrossing(n)

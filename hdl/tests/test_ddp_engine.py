@@ -34,7 +34,7 @@ from iwarp_nic.mpa import ErrorKind, GatherOp
 from iwarp_nic.mpa import Rtr as HwRtr
 from iwarp_tb.amsim import run
 from iwarp_tb.beats import to_beats
-from iwarp_tb.receive import configure
+from iwarp_tb.receive import configure, receive_answers
 from iwarp_tb.stags import HostTable, load_table
 from iwarp_tb.streams import (
     AmaranthBus,
@@ -650,24 +650,6 @@ def simulate_connections(n, phases, *, conns, seed):
     assert got.get("done")
     compare_connections(scenes, before, phases, models, got)
     return models, [e["conn"] for e in got["started"]]
-
-
-def receive_answers(placer, offers, rng):
-    """A testbench answering ``placer``'s questions for a connection's next receive after a
-    random delay, from ``offers`` (conn -> receives not yet taken)."""
-    async def receives(ctx):
-        ask = placer.o_ask_receive
-        while True:
-            ctx.set(ask.ready, 1)
-            _, _, valid, conn = await ctx.tick().sample(ask.valid, ask.payload.conn)
-            if valid:
-                ctx.set(ask.ready, 0)
-                offer = offers[conn].pop(0) if offers[conn] else None
-                for _ in range(rng.randrange(8)):
-                    await ctx.tick()
-                await send(AmaranthBus(ctx), StreamPort.amaranth(placer.i_receive),
-                           [{**(offer or {}), "posted": int(bool(offer))}], timeout=1 << 30)
-    return receives
 
 
 def placer_monitors(got, placer, n, seed):

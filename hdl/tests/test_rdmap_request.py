@@ -44,7 +44,7 @@ from iwarp_tb.streams import (
     send_packets,
     until_quiet,
 )
-from iwarp_tb.work import Headers, Requester
+from iwarp_tb.work import Headers, Requester, send_queue_engine
 
 IDLE = STALL = 0.2
 U64 = (1 << 64) - 1
@@ -344,31 +344,11 @@ def simulate_connections(n, drivers, *, seed, retires):
     iss, sch, snd = dut.issuer, dut.scheduler, dut.sender
 
     async def host(ctx):
-        rng = random.Random(seed)
-        port, deferred = iss.i_work, iss.o_deferred
-        at, rest, last = [0] * conns, [0] * conns, None
-        ctx.set(deferred.ready, 1)
         while not got.get("opened"):
             await ctx.tick()
-        while True:
-            live = [c for c in range(conns) if at[c] < len(drivers[c].work) and not rest[c]]
-            offer = rng.choice(live) if live and rng.random() >= IDLE else None
-            if offer is not None:
-                bits = WorkRequest.const(drivers[offer].work[at[offer]]).as_bits()
-                ctx.set(port.payload.as_value(), bits | offer << WorkRequest.size)
-            ctx.set(port.valid, offer is not None)
-            _, _, ready, back, back_conn, back_id = await ctx.tick().sample(
-                port.ready, deferred.valid, deferred.payload.conn, deferred.payload.id)
-            rest = [max(0, r - 1) for r in rest]
-            taken = (offer, at[offer]) if offer is not None and ready else None
-            if taken:
-                at[offer] += 1
-            if back:        # the deferral of the work request taken at the last edge
-                conn, index = last
-                assert (back_conn, back_id) == (conn, drivers[conn].work[index]["id"])
-                got["deferred"].append((conn, index))
-                at[conn], rest[conn] = min(at[conn], index), rng.randrange(5, 60)
-            last = taken
+        await send_queue_engine(ctx, iss.i_work, iss.o_deferred,
+                                {c: d.work for c, d in enumerate(drivers)},
+                                random.Random(seed), idle=IDLE, deferrals=got["deferred"])
 
     def octets():
         return [b"".join(bytes(f) for f in got[f"fpdus{c}"]) for c in range(conns)]

@@ -144,7 +144,7 @@ def iwarp_fits():
         StreamReceiver,
         StreamSender,
     )
-    from iwarp_nic.engine import IwarpEngine
+    from iwarp_nic.engine import ConnectionsEngine, IwarpEngine
     from iwarp_nic.mpa import (
         FpduDeframer,
         FpduFramer,
@@ -187,6 +187,9 @@ def iwarp_fits():
                     "ORD up to 32")
     yield from _fit(IwarpEngine(8), "iwarp_engine_w8", "MPA + DDP + RDMAP engine",
                     "one connection, 8 B/beat, 4096 STags")
+    yield from _fit(ConnectionsEngine(8), "iwarp_engine_c16_w8",
+                    "MPA + DDP + RDMAP engine (16 connections)",
+                    "8 B/beat, 4096 STags, 4 KiB receive rings")
 
 
 #: TCP bytes per full-size frame at MTU 1500 (RFC 9293 header, no options) and that frame's

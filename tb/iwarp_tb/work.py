@@ -7,8 +7,9 @@ Read or Atomic Request and the 8 octets of Immediate Data are written beside the
 
 from iwarp_model.verbs import SGE, SendFlags, WrOpcode
 from iwarp_model.wire.rdmap import AtomicRequest, ReadRequest
+from iwarp_nic.rdmap import WorkRequest
 
-__all__ = ["Headers", "Requester"]
+__all__ = ["Headers", "Requester", "send_queue_engine"]
 
 
 class Headers:
@@ -81,3 +82,34 @@ class Requester:
         return [dict(base, message=message(10, AtomicRequest.SIZE),
                      source=self.headers.put(header.encode()), sink_stag=sge.lkey,
                      sink_to=sge.addr, size=8, request_id=rid)]
+
+
+async def send_queue_engine(ctx, port, deferred, work, rng, *, idle, deferrals):
+    """Play the send queue engine of several connections on an issuer's ``port``
+    (``i_work``) and ``deferred`` (``o_deferred``): ``work`` maps each connection to its work
+    requests, offered in order, a random connection's next each cycle (idle with probability
+    ``idle``). A work request given back is offered again, with the connection's later ones,
+    after a random wait; each deferral, checked to be the work request taken at the edge
+    before, is appended to ``deferrals`` as (conn, index). Runs for ever."""
+    at = dict.fromkeys(work, 0)
+    rest, last = dict.fromkeys(work, 0), None
+    ctx.set(deferred.ready, 1)
+    while True:
+        live = [c for c in sorted(work) if at[c] < len(work[c]) and not rest[c]]
+        offer = rng.choice(live) if live and rng.random() >= idle else None
+        if offer is not None:
+            bits = WorkRequest.const(work[offer][at[offer]]).as_bits()
+            ctx.set(port.payload.as_value(), bits | offer << WorkRequest.size)
+        ctx.set(port.valid, offer is not None)
+        _, _, ready, back, back_conn, back_id = await ctx.tick().sample(
+            port.ready, deferred.valid, deferred.payload.conn, deferred.payload.id)
+        rest = {c: max(0, r - 1) for c, r in rest.items()}
+        taken = (offer, at[offer]) if offer is not None and ready else None
+        if taken:
+            at[offer] += 1
+        if back:        # the deferral of the work request taken at the last edge
+            conn, index = last
+            assert (back_conn, back_id) == (conn, work[conn][index]["id"])
+            deferrals.append((conn, index))
+            at[conn], rest[conn] = min(at[conn], index), rng.randrange(5, 60)
+        last = taken

@@ -18,7 +18,7 @@ from ..exact import eq, gt
 from ..mpa import FpduDeframer, MpaReceiver
 from ..mpa.deframer import ErrorKind
 from ..mpa.negotiate import Rtr
-from ..stream import BeatStream, check_data_bytes
+from ..stream import BeatStream, SkidBuffer, check_data_bytes, pass_through
 from ..tcp.layouts import ConnRef, with_conn
 from . import placement
 from .outstanding import OutstandingTable
@@ -74,8 +74,9 @@ class StreamReceiver(wiring.Component):
         The other good segments, for the RDMAP stages.
 
     Nothing is placed after the first error of either kind. Latency from an FPDU's last
-    octet in to its placement request: the deframer's, two cycles of the parser, the payload
-    FIFO's and the table's five (measured by ``make bench``). Throughput: one beat per cycle
+    octet in to its placement request: the deframer's, two cycles of the parser, one of the
+    register slice after the RTR check, the payload FIFO's and the table's five (measured by
+    ``make bench``). Throughput: one beat per cycle
     for FPDUs longer than a few beats.
     """
 
@@ -126,17 +127,11 @@ class StreamReceiver(wiring.Component):
         wiring.connect(m, deframer.o, parser.i)
         wiring.connect(m, deframer.o_error, wiring.flipped(self.o_error))
         wiring.connect(m, parser.o_header, rtr.i)
-        wiring.connect(m, rtr.o, placer.i_header)
+        _checked_headers(m, rtr, placer, None)
         m.d.comb += [rtr.expect.eq(self.rtr), placer.send_rtr.eq(rtr.o_send_rtr),
                      self.started.eq(rtr.started)]
         wiring.connect(m, parser.o_payload, placer.i_payload)
-        m.submodules.lookups = lookups = LookupArbiter(pd_bits=self.pd_bits)
-        wiring.connect(m, placer.o_lookup, lookups.i_a)
-        wiring.connect(m, lookups.o_a, placer.i_lookup)
-        wiring.connect(m, wiring.flipped(self.i_check), lookups.i_b)
-        wiring.connect(m, lookups.o_b, wiring.flipped(self.o_check))
-        wiring.connect(m, lookups.o_check, table.i_check)
-        wiring.connect(m, table.o_check, lookups.i_check)
+        _share_lookups(m, self, placer, table)
         wiring.connect(m, placer.o_invalidate, table.i_invalidate)
         wiring.connect(m, table.o_invalidate, placer.i_invalidate)
         wiring.connect(m, wiring.flipped(self.i_write), table.i_write)
@@ -176,12 +171,17 @@ class ConnectionsPlacer(wiring.Component):
         Read or atomic whose request was sent, and a connection's number outstanding.
     i_write : In(stream.Signature(StagWrite(pd_bits, log2(stag_entries))))
         STag table entries from the host.
+    i_check, o_check : In(stream.Signature(LookupRequest(pd_bits))),
+                       Out(stream.Signature(LookupResult))
+        Checks of the table for the request responder (its PD in each), taking turns with the
+        placer's (:class:`~.stag.LookupArbiter`), answered in order.
     o_ask_receive, i_receive, o_place, o_data, o_complete, o_read_done, o_fault, o_header,
     o_payload :
         The several-connection placer's.
 
-    Throughput and latency: the parser's and the placer's (two cycles more for a segment
-    whose connection differs from the last one's).
+    Throughput and latency: the parser's and the placer's, and a cycle of the register slice
+    between the RTR check and the placer (two cycles more for a segment whose connection
+    differs from the last one's).
     """
 
     def __init__(self, data_bytes, *, conns=16, fifo_beats=512, stag_entries=4096,
@@ -199,6 +199,8 @@ class ConnectionsPlacer(wiring.Component):
             "o_started": Out(stream.Signature(ConnRef(conns))),
             **{name: self._outstanding.signature.members[name] for name in _OUTSTANDING_PORTS},
             "i_write": self._table.signature.members["i_write"],
+            "i_check": In(stream.Signature(LookupRequest(pd_bits))),
+            "o_check": Out(stream.Signature(LookupResult)),
             **{name: placer[name] for name in _PLACER_PORTS},
         })
 
@@ -211,18 +213,17 @@ class ConnectionsPlacer(wiring.Component):
         wiring.connect(m, wiring.flipped(self.i), parser.i)
         m.submodules.rtr = rtr = RtrCheck(self.conns)
         wiring.connect(m, parser.o_header, rtr.i)
-        wiring.connect(m, rtr.o, placer.i_header)
+        _checked_headers(m, rtr, placer, self.conns)
         wiring.connect(m, rtr.o_started, wiring.flipped(self.o_started))
         wiring.connect(m, parser.o_payload, placer.i_payload)
-        wiring.connect(m, placer.o_lookup, table.i_check)
-        wiring.connect(m, table.o_check, placer.i_lookup)
+        _share_lookups(m, self, placer, table)
         wiring.connect(m, placer.o_invalidate, table.i_invalidate)
         wiring.connect(m, table.o_invalidate, placer.i_invalidate)
         wiring.connect(m, wiring.flipped(self.i_write), table.i_write)
         wiring.connect(m, placer.o_ask_oldest, outstanding.i_ask)
         wiring.connect(m, outstanding.o_oldest, placer.i_oldest)
         wiring.connect(m, placer.o_retire, outstanding.i_retire)
-        _pass_through(m, self, outstanding, _OUTSTANDING_PORTS)
+        pass_through(m, self, outstanding, _OUTSTANDING_PORTS)
         # i_open goes to the placer, to the RTR check (always ready) and, as a clear, to the
         # outstanding Reads: taken by all in one cycle.
         opening, clear = self.i_open, outstanding.i_clear
@@ -237,7 +238,7 @@ class ConnectionsPlacer(wiring.Component):
                      placer.i_open.valid.eq(opening.valid & clear.ready),
                      clear.valid.eq(opening.valid & placer.i_open.ready),
                      opening.ready.eq(placer.i_open.ready & clear.ready)]
-        _pass_through(m, self, placer, _PLACER_PORTS)
+        pass_through(m, self, placer, _PLACER_PORTS)
         return m
 
 
@@ -255,8 +256,8 @@ class ConnectionsReceiver(wiring.Component):
         The :class:`~iwarp_nic.mpa.MpaReceiver`'s: chunks, the host's ``START`` and ``FPDUS``,
         the startup frames, a connection's deframing failure (its FPDUs then stop, and so does
         its placement, without a Terminate request of the placer's).
-    i_open, o_started, i_push, count_conn, count, i_write, o_ask_receive, i_receive, o_place,
-    o_data, o_complete, o_read_done, o_fault, o_header, o_payload :
+    i_open, o_started, i_push, count_conn, count, i_write, i_check, o_check, o_ask_receive,
+    i_receive, o_place, o_data, o_complete, o_read_done, o_fault, o_header, o_payload :
         The :class:`ConnectionsPlacer`'s (``i_open`` before the connection's ``FPDUS``).
 
     The placer's payload FIFO holds ``ring_bytes`` octets, more than the largest ULPDU the
@@ -283,24 +284,31 @@ class ConnectionsReceiver(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         m.submodules.mpa, m.submodules.placement = mpa, placement = self._mpa, self._placement
-        _pass_through(m, self, mpa, _MPA_PORTS)
-        _pass_through(m, self, placement, _PLACEMENT_PORTS)
+        pass_through(m, self, mpa, _MPA_PORTS)
+        pass_through(m, self, placement, _PLACEMENT_PORTS)
         wiring.connect(m, mpa.o, placement.i)
         return m
 
 
-def _pass_through(m, outer, inner, names):
-    """Connect ``outer``'s ports ``names`` to ``inner``'s of the same names."""
-    for name in names:
-        member, mine, theirs = outer.signature.members[name], getattr(outer, name), \
-            getattr(inner, name)
-        inward = member.flow == wiring.In
-        if member.is_port:
-            m.d.comb += theirs.eq(mine) if inward else mine.eq(theirs)
-        elif inward:
-            wiring.connect(m, wiring.flipped(mine), theirs)
-        else:
-            wiring.connect(m, theirs, wiring.flipped(mine))
+def _checked_headers(m, rtr, placer, conns):
+    """The RTR check's headers into the placer through a register slice: the placer's ready
+    would otherwise chain back through the check (its memories read at the header's
+    connection) into the parser and the deframer."""
+    m.submodules.checked = checked = SkidBuffer(with_conn(SegmentHeader, conns))
+    wiring.connect(m, rtr.o, checked.i)
+    wiring.connect(m, checked.o, placer.i_header)
+
+
+def _share_lookups(m, receiver, placer, table):
+    """The table's checks shared by the placer and ``receiver``'s ``i_check``/``o_check``
+    (the request responder's), taking turns (:class:`~.stag.LookupArbiter`)."""
+    m.submodules.lookups = lookups = LookupArbiter(pd_bits=table.pd_bits)
+    wiring.connect(m, placer.o_lookup, lookups.i_a)
+    wiring.connect(m, lookups.o_a, placer.i_lookup)
+    wiring.connect(m, wiring.flipped(receiver.i_check), lookups.i_b)
+    wiring.connect(m, lookups.o_b, wiring.flipped(receiver.o_check))
+    wiring.connect(m, lookups.o_check, table.i_check)
+    wiring.connect(m, table.o_check, lookups.i_check)
 
 
 #: The placer's ports a :class:`ConnectionsPlacer` passes through.
@@ -311,4 +319,5 @@ _PLACER_PORTS = ("o_ask_receive", "i_receive", "o_place", "o_data", "o_complete"
 _MPA_PORTS = ("i_header", "i", "i_cmd", "o_startup_header", "o_startup", "o_error")
 #: The OutstandingTable's ports a :class:`ConnectionsPlacer` passes through (the requester's).
 _OUTSTANDING_PORTS = ("i_push", "count_conn", "count")
-_PLACEMENT_PORTS = ("i_open", "o_started", *_OUTSTANDING_PORTS, "i_write", *_PLACER_PORTS)
+_PLACEMENT_PORTS = ("i_open", "o_started", *_OUTSTANDING_PORTS, "i_write", "i_check", "o_check",
+                    *_PLACER_PORTS)

@@ -35,10 +35,12 @@ _QUEUE_0 = (3, 4, 5, 6, 8, 9)       # the Sends and Immediate Data (RFC 5040 5.1
 #: which the driver writes into the work request, ``request_id`` included; the answer's sink
 #: is ``sink_stag``/``sink_to`` (an lkey and address this end checks when the answer comes),
 #: ``size`` octets (8 for an atomic). ``id`` names the work request in its completion;
-#: ``fence``: it waits until no Read or atomic before it is outstanding.
+#: ``fence``: it waits until no Read or atomic before it is outstanding. ``rtr``: the
+#: peer-to-peer Initiator's RTR message (RFC 6581 section 7), which the engine sends first: a
+#: Read RTR is sent whatever the ORD, and its end is not reported.
 WorkRequest = StructLayout({
     "message": Message, "source": 64, "id": 16, "sink_stag": 32, "sink_to": 64, "size": 32,
-    "request_id": 32, "fence": 1,
+    "request_id": 32, "fence": 1, "rtr": 1,
 })
 
 #: A work request not sent: ``id``; ``flushed`` 0 for the Read or atomic refused for an ORD
@@ -96,6 +98,10 @@ class RequestIssuer(wiring.Component):
         connection's work requests are all deferred until that one is offered again and can
         go; the send queue engine offers it again later (when the connection's outstanding
         count falls: the placer's retire of that connection).
+    held : In(1)
+        Several connections: the connection of the work request offered may not send yet (a
+        Responder before the Initiator's first FPDU, RFC 5044 section 7.1.2): its work request
+        is deferred as one that must wait is (combinational, from ``i_work``'s ``conn``).
 
     A Read or atomic waits while ``ord`` of them are outstanding (or ``max_ord``), a fenced
     request while any is; with one stream the work requests behind it wait too (the send
@@ -123,6 +129,7 @@ class RequestIssuer(wiring.Component):
             ports |= {
                 "i_open": In(stream.Signature(with_conn(StructLayout({"ord": 14}), conns))),
                 "outstanding_conn": Out(conn_bits(conns)), "outstanding": In(14),
+                "held": In(1),
                 "o_deferred": Out(stream.Signature(with_conn(StructLayout({"id": 16}),
                                                              conns))),
             }
@@ -151,7 +158,7 @@ class RequestIssuer(wiring.Component):
         taken = Signal()
         m.d.comb += [update.eq(now), taken.eq(self.i_work.valid & self.i_work.ready)]
         entry = Signal(OutstandingRead)
-        m.d.comb += [entry.atomic.eq(eq(opcode, _ATOMIC_REQUEST)), entry.complete.eq(1),
+        m.d.comb += [entry.atomic.eq(eq(opcode, _ATOMIC_REQUEST)), entry.complete.eq(~work.rtr),
                      entry.id.eq(work.id), entry.stag.eq(work.sink_stag),
                      entry.to.eq(work.sink_to), entry.size.eq(work.size),
                      entry.request_id.eq(work.request_id)]
@@ -193,8 +200,10 @@ class RequestIssuer(wiring.Component):
             offered = self.i_work.valid & free
 
         credit = (level < now.ord) & lt(level, self.max_ord) & ~pending
-        blocked = request & ~credit | work.fence & (~is_zero(level) | pending)
-        refuse = request & is_zero(now.ord)
+        blocked = request & ~credit & ~work.rtr | work.fence & (~is_zero(level) | pending)
+        if several:
+            blocked |= self.held
+        refuse = request & is_zero(now.ord) & ~work.rtr
         resumes = ~now.waiting | same(work.id, now.waiting_id)   # several connections
 
         def give_back(port, **fields):
