@@ -279,7 +279,7 @@ class ConnectionsEngine(wiring.Component):
     i_open : In(stream.Signature(EngineOpen(conns, pd_bits)))
         A new stream takes connection ``conn``'s slot, between its startup frames and its
         ``FPDUS`` command: every block's context made afresh in one cycle. A peer-to-peer
-        Initiator's RTR (a zero-length Write or Send) is its first message, sent from the next
+        Initiator's RTR (a zero-length Write, Send or Read) is its first message, sent from the next
         cycle; ``i_open`` waits while one is still to go. The stream that had the slot must be
         done with (no work request, response or FPDU of it in flight).
     i_write, o_ask_receive, i_receive, o_place, o_data, o_complete, o_read_done :
@@ -329,9 +329,10 @@ class ConnectionsEngine(wiring.Component):
         super().__init__({
             **ports(self._receiver, _RECEIVER_PORTS),
             "i_open": In(stream.Signature(EngineOpen(conns, pd_bits))),
+            "i_work": self._issuer.signature.members["i_work"],
             **ports(self._issuer, _ISSUER_PORTS),
             **ports(self._scheduler, _SCHEDULER_PORTS),
-            **{f"{name[:2]}atomic_{name[2:]}": member
+            **{_atomic_name(name): member
                for name, member in ports(self._executor, _EXECUTOR_PORTS).items()},
             "o": self._sender.signature.members["o"],
             "o_fault": Out(stream.Signature(with_conn(Violation, conns))),
@@ -348,16 +349,9 @@ class ConnectionsEngine(wiring.Component):
         m.submodules.scheduler = sch = self._scheduler
         m.submodules.sender = tx = self._sender
         pass_through(m, self, rx, _RECEIVER_PORTS)
-        for name in _ISSUER_PORTS:
-            if name != "i_work":
-                pass_through(m, self, iss, [name])
+        pass_through(m, self, iss, _ISSUER_PORTS)
         pass_through(m, self, sch, _SCHEDULER_PORTS)
-        for name in _EXECUTOR_PORTS:
-            mine = getattr(self, f"{name[:2]}atomic_{name[2:]}")
-            if name.startswith("i_"):
-                wiring.connect(m, wiring.flipped(mine), getattr(ex, name))
-            else:
-                wiring.connect(m, getattr(ex, name), wiring.flipped(mine))
+        pass_through(m, self, ex, _EXECUTOR_PORTS, rename=_atomic_name)
         wiring.connect(m, tx.o, wiring.flipped(self.o))
         wiring.connect(m, term.o, wiring.flipped(self.o_peer_terminate))
 
@@ -425,13 +419,20 @@ class ConnectionsEngine(wiring.Component):
 
 
 #: The ports a ConnectionsEngine passes through from each of its blocks (the atomic
-#: executor's renamed ``o_atomic_read`` and so on, as on :class:`IwarpEngine`).
+#: executor's renamed by :func:`_atomic_name`, as on :class:`IwarpEngine`; the issuer's
+#: ``i_work`` goes through the RTR injection).
 _RECEIVER_PORTS = ("i_header", "i", "i_cmd", "o_startup_header", "o_startup", "i_write",
                    "o_ask_receive", "i_receive", "o_place", "o_data", "o_complete",
                    "o_read_done")
-_ISSUER_PORTS = ("i_work", "o_deferred", "o_refused")
+_ISSUER_PORTS = ("o_deferred", "o_refused")
 _SCHEDULER_PORTS = ("o_read", "i_host")
 _EXECUTOR_PORTS = ("o_read", "i_read", "o_write")
+
+
+def _atomic_name(name):
+    """The engine's name of the atomic executor's port ``name``: ``o_read`` is
+    ``o_atomic_read``."""
+    return f"{name[:2]}atomic_{name[2:]}"
 
 
 def _ird_credits(ird):

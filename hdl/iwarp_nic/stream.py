@@ -53,11 +53,13 @@ def BeatStream(data_bytes, *, err=False, conns=None):
     return stream.Signature(BeatLayout(data_bytes, err=err, conns=conns))
 
 
-def pass_through(m, outer, inner, names):
-    """Connect the ports ``names`` of a component ``outer`` to the same-named ports of
-    ``inner``, one of its submodules (streams with ``wiring.connect``, plain ports by flow)."""
+def pass_through(m, outer, inner, names, *, rename=None):
+    """Connect the ports ``names`` of ``inner``, a submodule of the component ``outer``, to
+    ``outer``'s ports of the same names (or of the names ``rename(name)`` gives): streams with
+    ``wiring.connect``, plain ports by flow."""
     for name in names:
-        member, mine, theirs = outer.signature.members[name], getattr(outer, name), \
+        outer_name = rename(name) if rename else name
+        member, mine, theirs = outer.signature.members[outer_name], getattr(outer, outer_name), \
             getattr(inner, name)
         inward = member.flow == wiring.In
         if member.is_port:

@@ -42,7 +42,7 @@ from iwarp_tb.streams import (
     send_packets,
     tcp_chunks,
 )
-from iwarp_tb.work import Headers, Requester, send_queue_engine
+from iwarp_tb.work import Headers, Requester, posted_receive, send_queue_engine
 
 ALL = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
 PART = 4096                     # octets of each part of a region
@@ -240,10 +240,7 @@ def simulate(n, *, initiator, p2p, seed, count=12, bad=None, rtr=Rtr.WRITE):
 
     requester = Requester(source_of, headers)
     work = [w for wr in mine for w in requester.work_of(wr)]
-    receives = [{"id": wr.wr_id, "sges": len(wr.sg_list),
-                 "lkey": wr.sg_list[0].lkey if wr.sg_list else 0,
-                 "addr": wr.sg_list[0].addr if wr.sg_list else 0,
-                 "length": wr.sg_list[0].length if wr.sg_list else 0} for wr in my_recvs]
+    receives = [posted_receive(wr) for wr in my_recvs]
     remote = Connection(peer.qp, active=not initiator, **peer_opts)
     for wr in their_recvs:
         peer.qp.post_recv(wr)
@@ -394,11 +391,7 @@ class Side:
         self.peer = End("p", seed + 1, ird=spec.get("ord", 8))
         assert self.gw.region.stag == self.mirror.region.stag
         self.mine, self.theirs = mine, theirs
-        self.receives = [{"id": wr.wr_id, "sges": len(wr.sg_list),
-                          "lkey": wr.sg_list[0].lkey if wr.sg_list else 0,
-                          "addr": wr.sg_list[0].addr if wr.sg_list else 0,
-                          "length": wr.sg_list[0].length if wr.sg_list else 0}
-                         for wr in my_recvs]
+        self.receives = [posted_receive(wr) for wr in my_recvs]
         self.remote = Connection(self.peer.qp, active=not self.initiator, **peer_opts)
         for wr in their_recvs:
             self.peer.qp.post_recv(wr)

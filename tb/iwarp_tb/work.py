@@ -9,7 +9,7 @@ from iwarp_model.verbs import SGE, SendFlags, WrOpcode
 from iwarp_model.wire.rdmap import AtomicRequest, ReadRequest
 from iwarp_nic.rdmap import WorkRequest
 
-__all__ = ["Headers", "Requester", "send_queue_engine"]
+__all__ = ["Headers", "Requester", "posted_receive", "send_queue_engine"]
 
 
 class Headers:
@@ -82,6 +82,14 @@ class Requester:
         return [dict(base, message=message(10, AtomicRequest.SIZE),
                      source=self.headers.put(header.encode()), sink_stag=sge.lkey,
                      sink_to=sge.addr, size=8, request_id=rid)]
+
+
+def posted_receive(wr) -> dict:
+    """The receive the driver posts for the model's ``RecvWR`` ``wr`` (a
+    :data:`~iwarp_nic.ddp.placement.PostedReceive`: its first SGE, and how many it has)."""
+    sge = wr.sg_list[0] if wr.sg_list else SGE(0, 0, 0)
+    return {"id": wr.wr_id, "sges": len(wr.sg_list), "lkey": sge.lkey, "addr": sge.addr,
+            "length": sge.length}
 
 
 async def send_queue_engine(ctx, port, deferred, work, rng, *, idle, deferrals):

@@ -76,8 +76,7 @@ class StreamReceiver(wiring.Component):
     Nothing is placed after the first error of either kind. Latency from an FPDU's last
     octet in to its placement request: the deframer's, two cycles of the parser, one of the
     register slice after the RTR check, the payload FIFO's and the table's five (measured by
-    ``make bench``). Throughput: one beat per cycle
-    for FPDUs longer than a few beats.
+    ``make bench``). Throughput: one beat per cycle for FPDUs longer than a few beats.
     """
 
     def __init__(self, data_bytes, *, stag_entries=4096, pd_bits=16, fifo_bytes=16384):
