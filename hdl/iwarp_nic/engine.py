@@ -293,8 +293,11 @@ class ConnectionsEngine(wiring.Component):
     o_read, i_host : the :class:`~.rdmap.SendScheduler`'s
         Host memory reads for the payloads sent, each naming its connection, answered in order.
     o_atomic_read, i_atomic_read, o_atomic_write : the :class:`~.rdmap.AtomicExecutor`'s
-    o : Out(BeatStream(data_bytes, conns=conns))
+    o : Out(BeatStream(data_bytes, err=True, conns=conns))
         The FPDUs sent, each beat naming its connection (an FPDU's beats are contiguous).
+    o_header : Out(stream.Signature(ChunkHeader(conns)))
+        Each FPDU's connection and length, in ``o``'s order: with ``o``, the chunks of
+        :class:`~.tcp.engine.TcpEngine`'s ``i_tx_header`` and ``i_tx``.
     o_fault : Out(stream.Signature(with_conn(Violation, conns)))
         Each connection's first violation, found by the deframer, the placer or the responder,
         which its Terminate reports (RFC 5040 section 7.1, queue 2 MSN 1); its later ones are
@@ -335,6 +338,7 @@ class ConnectionsEngine(wiring.Component):
             **{_atomic_name(name): member
                for name, member in ports(self._executor, _EXECUTOR_PORTS).items()},
             "o": self._sender.signature.members["o"],
+            "o_header": self._sender.signature.members["o_header"],
             "o_fault": Out(stream.Signature(with_conn(Violation, conns))),
             "o_peer_terminate": self._terminates.signature.members["o"],
         })
@@ -353,6 +357,7 @@ class ConnectionsEngine(wiring.Component):
         pass_through(m, self, sch, _SCHEDULER_PORTS)
         pass_through(m, self, ex, _EXECUTOR_PORTS, rename=_atomic_name)
         wiring.connect(m, tx.o, wiring.flipped(self.o))
+        wiring.connect(m, tx.o_header, wiring.flipped(self.o_header))
         wiring.connect(m, term.o, wiring.flipped(self.o_peer_terminate))
 
         # Opening a slot: every block's context at once; an Initiator's RTR then sent first.

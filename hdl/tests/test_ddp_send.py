@@ -238,7 +238,7 @@ def test_connections(n):
     segments, its markers placed by its own stream position. A Terminate for connection 1,
     requested after some of its messages, is framed between two of its segments; nothing of
     connection 1 follows it (its later segments are dropped), and the other connections'
-    FPDUs all go."""
+    FPDUs all go. ``o_header`` gives each FPDU's connection and length, in ``o``'s order."""
     from iwarp_model.wire.rdmap import Opcode, Segment
     from iwarp_model.wire.terminate import ErrorCode, Terminate
 
@@ -291,19 +291,29 @@ def test_connections(n):
 
     async def fpdus(ctx):
         bus, r, beats = AmaranthBus(ctx), random.Random(n + 2), [[] for _ in settings]
-        got["fpdus"] = [[] for _ in settings]
+        got["fpdus"], got["order"] = [[] for _ in settings], []
         while True:
             (t,) = await recv(bus, StreamPort.amaranth(dut.o), 1, rng=r, stall=STALL,
                               timeout=1 << 30)
             beats[t["conn"]].append(Beat(t["data"], t["keep"], t["last"], t["err"]))
             if t["last"]:
-                got["fpdus"][t["conn"]] += [bytes(p) for p in from_beats(beats[t["conn"]], n)]
+                (fpdu,) = [bytes(p) for p in from_beats(beats[t["conn"]], n)]
+                got["fpdus"][t["conn"]].append(fpdu)
+                got["order"].append({"conn": t["conn"], "length": len(fpdu)})
                 beats[t["conn"]] = []
+
+    async def headers(ctx):
+        bus, r = AmaranthBus(ctx), random.Random(n + 3)
+        got["headers"] = []
+        while True:
+            got["headers"] += await recv(bus, StreamPort.amaranth(dut.o_header), 1, rng=r,
+                                         stall=STALL, timeout=1 << 30)
 
     async def control(ctx):
         await until_quiet(ctx, [dut.o, dut.o_fetch], 2000)
 
-    run(dut, control, monitors=[source, answer, fpdus], name=f"ddp_send_c4_w{n}")
+    run(dut, control, monitors=[source, answer, fpdus, headers], name=f"ddp_send_c4_w{n}")
+    assert got["headers"] == got["order"]
     for c, (_, crc, markers) in enumerate(settings):
         framer = Framer(crc=bool(crc), markers=bool(markers))
         ulpdus = [u for _, _, us in items[c] for u in us]

@@ -454,7 +454,8 @@ def simulate_connections(n, specs, *, seed, count):
                    for w in Requester(source_of(side.gw.pd.handle), headers).work_of(wr)]
             for conn, side in sides.items()}
     dut = ConnectionsEngine(n, stag_entries=64, ring_bytes=8192)
-    got = {"deferred": [], "fpdus": {conn: [] for conn in sides}}
+    got = {"deferred": [], "fpdus": {conn: [] for conn in sides}, "chunks": [],
+           "headers": []}
     state = {"quiet": 0, "open": {}, "delivered": dict.fromkeys(sides, 0), "cycle": 0}
 
     def span(addr, length):
@@ -550,12 +551,19 @@ def simulate_connections(n, specs, *, seed, count):
                 f"connection {conn}, a Responder, sent before its Initiator's first FPDU"
             [packet] = from_beats([Beat(b["data"], b["keep"], b["last"], 0) for b in beats], n)
             got["fpdus"][conn].append(bytes(packet))
+            got["chunks"].append({"conn": conn, "length": len(packet)})
             sides[conn].remote.receive(bytes(packet))
             state["quiet"] = 0
 
+    async def chunk_headers(ctx):
+        bus, r = AmaranthBus(ctx), random.Random(seed + 7)
+        while True:
+            got["headers"] += await recv(bus, StreamPort.amaranth(dut.o_header), 1, rng=r,
+                                         stall=0.2, timeout=1 << 30)
+
 
     run(dut, tcp, monitors=[
-        clock, control, wire_out, *host_memory(dut, n, span),
+        clock, control, wire_out, chunk_headers, *host_memory(dut, n, span),
         receive_answers(dut, {conn: list(side.receives) for conn, side in sides.items()},
                         random.Random(seed + 6)),
         collector(got, "completions", dut.o_complete),
@@ -565,6 +573,7 @@ def simulate_connections(n, specs, *, seed, count):
         collector(got, "refused", dut.o_refused)], name=f"engine_c16_w{n}")
 
     assert not got["refused"] and not got["peer_terminate"]
+    assert got["headers"] == got["chunks"], "chunk headers differ from the FPDUs sent"
     for conn, side in sides.items():
         faults = [f for f in got["faults"] if f["conn"] == conn]
         if side.bad:

@@ -18,7 +18,7 @@ from ..exact import wrap_add
 from ..mpa import FpduFramer
 from ..rdmap.terminate import TerminateEmitter, TerminateRequest
 from ..stream import BeatStream, check_data_bytes
-from ..tcp.layouts import conn_bits, with_conn, without_conn
+from ..tcp.layouts import ChunkHeader, conn_bits, with_conn, without_conn
 from .emit import Fetch, Message, SegmentEmitter
 
 __all__ = ["SenderSettings", "StreamSender"]
@@ -61,6 +61,13 @@ class StreamSender(wiring.Component):
         The FPDUs, one packet each, as the model's ``Framer`` frames the model's segments of the
         same messages from SeqStart on; ``err`` as the framer marks a payload of the wrong
         length.
+    o_header : Out(stream.Signature(ChunkHeader(conns)))
+        Several connections: one transfer per FPDU of ``o``, in the same order: its connection
+        and its length on the wire (markers included), the chunk header
+        :class:`~iwarp_nic.tcp.engine.TcpEngine` takes before the chunk's bytes. It is known
+        from the FPDU's header, a few cycles after the framer takes it and before the FPDU's
+        first beat is framed. A queue of 16 holds them; once it is full, FPDUs wait to be
+        framed.
 
     An FPDU's header goes to the framer once the one before has given back its length on the
     wire (its markers depend on where it starts), a few cycles per FPDU that the framer's
@@ -83,6 +90,7 @@ class StreamSender(wiring.Component):
             ports |= {"max_ulpdu": In(16), "crc": In(1), "markers": In(1)}
         else:
             ports["i_open"] = In(stream.Signature(with_conn(SenderSettings, conns)))
+            ports["o_header"] = Out(stream.Signature(ChunkHeader(conns)))
         super().__init__(ports)
 
     def elaborate(self, platform):
@@ -144,6 +152,16 @@ class StreamSender(wiring.Component):
                          ahead.r_en.eq(out.valid & out.ready & out.payload.last),
                          ahead.w_data.eq(conn), ahead.w_en.eq(header.valid & header.ready)]
             room_ahead = ahead.w_rdy
+            # Each FPDU's chunk header, once its wire length is known.
+            m.submodules.headers = headers = SyncFIFOBuffered(
+                width=ChunkHeader(self.conns).size, depth=_CONNS_AHEAD)
+            chunk = ChunkHeader(self.conns)(headers.w_data)
+            m.d.comb += [chunk.conn.eq(held), chunk.length.eq(length.payload[:16]),
+                         headers.w_en.eq(length.valid & length.ready),
+                         self.o_header.payload.eq(headers.r_data),
+                         self.o_header.valid.eq(headers.r_rdy),
+                         headers.r_en.eq(self.o_header.ready)]
+            length_room = headers.w_rdy
         else:
             stream_state = Signal(_Context)
             m.d.comb += [now.eq(stream_state), now.settings.max_ulpdu.eq(self.max_ulpdu),
@@ -154,7 +172,7 @@ class StreamSender(wiring.Component):
             busy = C(0, 1)
             segment_length = emitter.o_length.payload
             wiring.connect(m, framer.o, wiring.flipped(self.o))
-            room_ahead = C(1, 1)
+            room_ahead = length_room = C(1, 1)
 
         # Whose ULPDU each planned segment is, for the payload that follows: the Terminate's,
         # or the emitter's, framed or (its stream ended) dropped.
@@ -175,7 +193,7 @@ class StreamSender(wiring.Component):
             written.terminate.eq(pick_terminate), written.drop.eq(drop),
             order.w_en.eq(terminate.o_length.ready | (emitter.o_length.valid
                                                       & emitter.o_length.ready)),
-            length.ready.eq(~busy),
+            length.ready.eq(~busy & length_room),
         ]
         with m.If(header.valid & header.ready):
             m.d.sync += [waiting.eq(1), held.eq(conn)]
