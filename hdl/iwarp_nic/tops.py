@@ -28,6 +28,9 @@ def tops():
     from .fifo import PacketFifo
     from .hdrparse import HeaderEmitter, HeaderParser
     from .headers import ETHERNET
+    from .host.descriptor import DescriptorPacker, DescriptorUnpacker
+    from .host.formats import Cqe, SqWqe
+    from .host.send_queue import SendQueueEngine
     from .ip import IpStack
     from .mpa import (
         FpduDeframer,
@@ -94,6 +97,10 @@ def tops():
         tops[f"iwarp_mac_tx_cdc_w{n}"] = lambda n=n: MacTxCrossing(n)
         tops[f"iwarp_ip_node_w{n}"] = lambda n=n: IpNode(n)
         tops[f"iwarp_tcp_node_w{n}"] = lambda n=n: TcpNode(n)
+    for n in (8, 64):       # the host side works at the DMA engine's width (64 to 512 bits)
+        tops[f"iwarp_host_sq_unpacker_w{n}"] = lambda n=n: DescriptorUnpacker(SqWqe, n)
+        tops[f"iwarp_host_cqe_packer_w{n}"] = lambda n=n: DescriptorPacker(Cqe, n)
+        tops[f"iwarp_host_send_queue_c16_w{n}"] = lambda n=n: SendQueueEngine(n)
     # The ECPIX-5's arrangement: a two-byte node behind a GMII MAC in a domain of its own.
     tops["iwarp_tcp_node_w2_gmii"] = lambda: TcpNode(2, mac_bytes=1)
     tops["iwarp_beat_upsizer_w1_w8"] = lambda: BeatUpsizer(1, 8, err=True)
