@@ -30,6 +30,7 @@ def tops():
     from .headers import ETHERNET
     from .host.descriptor import DescriptorPacker, DescriptorUnpacker
     from .host.formats import Cqe, SqWqe
+    from .host.receive_queue import ReceiveQueueEngine
     from .host.send_queue import SendQueueEngine
     from .ip import IpStack
     from .mpa import (
@@ -101,6 +102,7 @@ def tops():
         tops[f"iwarp_host_sq_unpacker_w{n}"] = lambda n=n: DescriptorUnpacker(SqWqe, n)
         tops[f"iwarp_host_cqe_packer_w{n}"] = lambda n=n: DescriptorPacker(Cqe, n)
         tops[f"iwarp_host_send_queue_c16_w{n}"] = lambda n=n: SendQueueEngine(n)
+        tops[f"iwarp_host_receive_queue_c16_w{n}"] = lambda n=n: ReceiveQueueEngine(n)
     # The ECPIX-5's arrangement: a two-byte node behind a GMII MAC in a domain of its own.
     tops["iwarp_tcp_node_w2_gmii"] = lambda: TcpNode(2, mac_bytes=1)
     tops["iwarp_beat_upsizer_w1_w8"] = lambda: BeatUpsizer(1, 8, err=True)

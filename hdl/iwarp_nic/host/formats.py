@@ -73,13 +73,15 @@ SQ_WQE_BYTES = 128
 #: Where an entry's driver-owned octets start (for a header or Immediate Data).
 SQ_INLINE_OFFSET = SqWqe.size // 8
 
-#: One receive queue entry: ``length`` octets at ``addr`` of the region ``lkey`` (the
-#: :data:`~iwarp_nic.ddp.placement.PostedReceive` the receive queue engine answers with; its
-#: ``id`` is the entry's index in its ring).
+#: One receive queue entry: ``length`` octets at ``addr`` of the region ``lkey``, its one
+#: SGE; with ``sges`` 0 it has no buffer (it takes only empty messages and Immediate Data).
+#: It is the :data:`~iwarp_nic.ddp.placement.PostedReceive` the receive queue engine answers
+#: with, its ``id`` the entry's index in its ring.
 RqWqe = StructLayout({
     "addr": 64,
     "lkey": 32, "length": 32,
-    "_reserved": 128,
+    "sges": 8, "_reserved0": 56,
+    "_reserved1": 64,
 })
 RQ_WQE_BYTES = RqWqe.size // 8
 

@@ -2,12 +2,9 @@
 request issuer in the order they were posted (RFC 5040 section 5: a send queue's messages
 are sent in order), each connection's given back and fetched again when it must wait.
 
-A send queue is a ring of :data:`~.formats.SQ_WQE_BYTES`-octet entries at ``base``, of
-``2 ** log2_entries`` entries. Indexes are free-running 16-bit counts: entry ``i`` is at
-``base + (i mod entries) * SQ_WQE_BYTES``, and the driver's doorbell gives the index after the
-last entry it posted (its tail). The engine reads each entry's first 64 octets (the
-:data:`~.formats.SqWqe`) through the DMA engine, and offers the work request it describes
-with the entry's index as its ``id``.
+A send queue is a ring (:mod:`.rings`) of :data:`~.formats.SQ_WQE_BYTES`-octet entries. The
+engine reads each entry's first 64 octets (the :data:`~.formats.SqWqe`) through the DMA engine,
+and offers the work request it describes with the entry's index as its ``id``.
 """
 
 from amaranth import Cat, Module, Mux, Signal
@@ -16,22 +13,16 @@ from amaranth.lib.data import StructLayout
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
-from ..exact import add, eq, mask, same, select, widened
+from ..exact import add, eq, same, select
 from ..rdmap import HostRead, WorkRequest
 from ..roundrobin import round_robin
 from ..stream import BeatStream, check_data_bytes
 from ..tcp.layouts import ConnRef, conn_bits, with_conn
 from .descriptor import DescriptorUnpacker
 from .formats import SQ_INLINE_OFFSET, SQ_WQE_BYTES, SqFlags, SqWqe
+from .rings import Doorbell, Ring, Rings
 
-__all__ = ["SqRing", "Doorbell", "SendQueueEngine"]
-
-#: A send queue made afresh (a queue pair created): its ring, empty.
-SqRing = StructLayout({"base": 64, "log2_entries": 4})
-#: The driver's doorbell: the index after the last entry posted.
-Doorbell = StructLayout({"tail": 16})
-
-_WQE_SHIFT = SQ_WQE_BYTES.bit_length() - 1
+__all__ = ["SendQueueEngine"]
 
 
 class SendQueueEngine(wiring.Component):
@@ -39,7 +30,7 @@ class SendQueueEngine(wiring.Component):
 
     Ports
     -----
-    i_ring : In(stream.Signature(with_conn(SqRing, conns)))
+    i_ring : In(stream.Signature(with_conn(Ring, conns)))
         Connection ``conn``'s send queue made afresh: its ring, no entry posted, none
         fetched. Entries of the queue it replaces that are still being fetched are dropped.
         Always ready.
@@ -80,7 +71,7 @@ class SendQueueEngine(wiring.Component):
             raise ValueError(f"retry_cycles must be a power of two, not {retry_cycles!r}")
         self.conns, self.ahead, self.retry_cycles = conns, ahead, retry_cycles
         super().__init__({
-            "i_ring": In(stream.Signature(with_conn(SqRing, conns))),
+            "i_ring": In(stream.Signature(with_conn(Ring, conns))),
             "i_doorbell": In(stream.Signature(with_conn(Doorbell, conns))),
             "o_fetch": Out(stream.Signature(HostRead)),
             "i_fetched": In(BeatStream(data_bytes, err=True)),
@@ -94,16 +85,16 @@ class SendQueueEngine(wiring.Component):
         m = Module()
         conns, bits = self.conns, conn_bits(self.conns)
 
-        # Each queue: its ring, the next entry to fetch, the doorbell's tail, and
+        # Each queue: its ring (the next entry to fetch), and
         #   epoch: toggled when the entries fetched before are no longer wanted;
         #   rewound: fetching again from a deferred entry (the issuer's later deferrals of
         #     the same connection are of entries after it), until an entry of the new epoch
         #     is taken;
         #   paused: until woken; stopped: a fetch failed.
+        rings = Rings(conns, SQ_WQE_BYTES, "sq")
+
         def regs(name, width):
             return [Signal(width, name=f"{name}{k}") for k in range(conns)]
-        base, log2 = regs("base", 64), regs("log2_entries", 4)
-        nxt, tail = regs("next", 16), regs("tail", 16)
         epoch, rewound = regs("epoch", 1), regs("rewound", 1)
         paused, stopped = regs("paused", 1), regs("stopped", 1)
 
@@ -111,7 +102,7 @@ class SendQueueEngine(wiring.Component):
         Pending = StructLayout({"conn": bits, "index": 16, "epoch": 1})
         # The entries fetched and not yet taken or dropped, oldest first.
         m.submodules.pending = pending = SyncFIFOBuffered(width=Pending.size, depth=self.ahead)
-        wants = Cat(~same(nxt[k], tail[k]) & ~paused[k] & ~stopped[k] for k in range(conns))
+        wants = rings.posted() & ~Cat(paused) & ~Cat(stopped)
         fetch = self.o_fetch
         can = (~fetch.valid | fetch.ready) & pending.w_rdy
         take = Signal()
@@ -121,21 +112,15 @@ class SendQueueEngine(wiring.Component):
         for k in range(conns):
             with m.If(grant[k]):
                 m.d.comb += chosen.eq(k)
-        chosen_base = select(m, chosen, base, 64, "chosen_base")
-        chosen_next = select(m, chosen, nxt, 16, "chosen_next")
-        chosen_log2 = select(m, chosen, log2, 4, "chosen_log2")
+        addr, index = rings.entry(m, chosen)
         chosen_epoch = select(m, chosen, epoch, 1, "chosen_epoch")
-        slot = chosen_next & select(m, chosen_log2, {j: mask(j) for j in range(16)}, 16,
-                                    "slot_mask")
         entry = Pending(pending.w_data)
-        m.d.comb += [entry.conn.eq(chosen), entry.index.eq(chosen_next),
+        m.d.comb += [entry.conn.eq(chosen), entry.index.eq(index),
                      entry.epoch.eq(chosen_epoch), pending.w_en.eq(take)]
         with m.If(fetch.ready):
             m.d.sync += fetch.valid.eq(0)
-        offset = widened(m, slot << _WQE_SHIFT, 64, "slot_offset")
         with m.If(take):
-            m.d.sync += [fetch.valid.eq(1),
-                         fetch.payload.addr.eq((chosen_base + offset)[:64]),
+            m.d.sync += [fetch.valid.eq(1), fetch.payload.addr.eq(addr),
                          fetch.payload.length.eq(SQ_INLINE_OFFSET)]
 
         # Fetched: each entry, its work request offered unless its queue moved on since.
@@ -168,12 +153,12 @@ class SendQueueEngine(wiring.Component):
         # Every retry_cycles cycles, each paused queue is woken.
         tick = Signal(range(self.retry_cycles))
         m.d.sync += tick.eq(add(tick, 1))
-        back, wake, ring, bell = self.i_deferred, self.i_wake, self.i_ring, self.i_doorbell
-        m.d.comb += [back.ready.eq(1), wake.ready.eq(1), ring.ready.eq(1), bell.ready.eq(1)]
+        back, wake = self.i_deferred, self.i_wake
+        m.d.comb += [back.ready.eq(1), wake.ready.eq(1)]
         for k in range(conns):
             # In priority order: each later assignment overrides an earlier one.
             with m.If(take & grant[k]):
-                m.d.sync += nxt[k].eq(add(nxt[k], 1))
+                rings.advance(m, k)
             with m.If(eq(tick, 0) | (wake.valid & eq(wake.payload.conn, k))):
                 m.d.sync += paused[k].eq(0)
             with m.If(taken & eq(head.conn, k)):
@@ -181,12 +166,9 @@ class SendQueueEngine(wiring.Component):
             with m.If(error.valid & error.ready & eq(head.conn, k)):
                 m.d.sync += [stopped[k].eq(1), epoch[k].eq(~epoch[k])]
             with m.If(back.valid & eq(back.payload.conn, k) & ~rewound[k]):
-                m.d.sync += [nxt[k].eq(back.payload.id), rewound[k].eq(1), paused[k].eq(1),
+                m.d.sync += [rings.next[k].eq(back.payload.id), rewound[k].eq(1),
+                             paused[k].eq(1),
                              epoch[k].eq(~epoch[k])]
-            with m.If(bell.valid & eq(bell.payload.conn, k)):
-                m.d.sync += tail[k].eq(bell.payload.tail)
-            with m.If(ring.valid & eq(ring.payload.conn, k)):
-                m.d.sync += [base[k].eq(ring.payload.base), log2[k].eq(ring.payload.log2_entries),
-                             nxt[k].eq(0), tail[k].eq(0), epoch[k].eq(~epoch[k]),
-                             rewound[k].eq(0), paused[k].eq(0), stopped[k].eq(0)]
+        rings.update(m, self.i_ring, self.i_doorbell, lambda k: [
+            epoch[k].eq(~epoch[k]), rewound[k].eq(0), paused[k].eq(0), stopped[k].eq(0)])
         return m
