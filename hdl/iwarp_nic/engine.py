@@ -39,6 +39,7 @@ from .rdmap import (
     RequestIssuer,
     RequestResponder,
     SendScheduler,
+    Sent,
     TerminateHeader,
     TerminateParser,
     WorkRequest,
@@ -84,6 +85,9 @@ class IwarpEngine(wiring.Component):
         Host memory writes: RDMA Writes, Read Responses, receives, atomics' original values.
     o_read, i_host : Out(stream.Signature(HostRead)), In(BeatStream(data_bytes))
         Host memory reads for the payloads sent, answered in order.
+    o_sent : Out(stream.Signature(Sent))
+        Each Send, Write and Immediate Data work request done with host memory (the
+        :class:`~.rdmap.SendScheduler`'s): it completes.
     o_atomic_read, i_atomic_read, o_atomic_write
         The atomic executor's read-modify-write of host memory.
     o_complete, o_read_done, o_refused : Out
@@ -124,6 +128,7 @@ class IwarpEngine(wiring.Component):
             "o_data": Out(BeatStream(n)),
             "o_read": Out(stream.Signature(HostRead)),
             "i_host": In(BeatStream(n)),
+            "o_sent": Out(stream.Signature(Sent)),
             "o_atomic_read": Out(stream.Signature(64)),
             "i_atomic_read": In(stream.Signature(64)),
             "o_atomic_write": Out(stream.Signature(HostWord)),
@@ -220,6 +225,7 @@ class IwarpEngine(wiring.Component):
         wiring.connect(m, sch.o_payload, tx.i_payload)
         outward(sch.o_read, "o_read")
         inward("i_host", sch.i_host)
+        outward(sch.o_sent, "o_sent")
         m.d.comb += [tx.max_ulpdu.eq(self.max_ulpdu), tx.crc.eq(agreed.crc),
                      tx.markers.eq(agreed.tx_markers)]
         ended = Signal()                # a Terminate went or came: no new message is sent
@@ -290,8 +296,9 @@ class ConnectionsEngine(wiring.Component):
         connection's ``i_open``. A work request that must wait (ORD, a fence, or a Responder
         whose peer has not sent its first FPDU, RFC 5044 section 7.1.2) is given back on
         ``o_deferred`` to be offered again.
-    o_read, i_host : the :class:`~.rdmap.SendScheduler`'s
-        Host memory reads for the payloads sent, each naming its connection, answered in order.
+    o_read, i_host, o_sent : the :class:`~.rdmap.SendScheduler`'s
+        Host memory reads for the payloads sent, each naming its connection, answered in
+        order; each Send, Write and Immediate Data work request done with host memory.
     o_atomic_read, i_atomic_read, o_atomic_write : the :class:`~.rdmap.AtomicExecutor`'s
     o : Out(BeatStream(data_bytes, err=True, conns=conns))
         The FPDUs sent, each beat naming its connection (an FPDU's beats are contiguous).
@@ -430,7 +437,7 @@ _RECEIVER_PORTS = ("i_header", "i", "i_cmd", "o_startup_header", "o_startup", "i
                    "o_ask_receive", "i_receive", "o_place", "o_data", "o_complete",
                    "o_read_done")
 _ISSUER_PORTS = ("o_deferred", "o_refused")
-_SCHEDULER_PORTS = ("o_read", "i_host")
+_SCHEDULER_PORTS = ("o_read", "i_host", "o_sent")
 _EXECUTOR_PORTS = ("o_read", "i_read", "o_write")
 
 

@@ -42,7 +42,7 @@ from iwarp_tb.streams import (
     send_packets,
     tcp_chunks,
 )
-from iwarp_tb.work import Headers, Requester, posted_receive, send_queue_engine
+from iwarp_tb.work import Headers, Requester, posted_receive, send_queue_engine, sent_ids
 
 ALL = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
 PART = 4096                     # octets of each part of a region
@@ -319,9 +319,12 @@ def simulate(n, *, initiator, p2p, seed, count=12, bad=None, rtr=Rtr.WRITE):
         collector(got, "read_done", dut.o_read_done),
         collector(got, "faults", dut.o_fault),
         collector(got, "peer_terminate", dut.o_peer_terminate),
-        collector(got, "refused", dut.o_refused)], name=f"engine_w{n}")
+        collector(got, "refused", dut.o_refused),
+        collector(got, "sent", dut.o_sent)], name=f"engine_w{n}")
 
     assert not got["refused"]
+    if not bad:
+        assert sorted(e["id"] for e in got["sent"]) == sent_ids(work)
     if bad:
         # The Terminate: ours is the mirror's, the peer's reaches the gateware as sent.
         sent = conn.terminate_sent if bad == "peer" else remote.terminate_sent
@@ -570,7 +573,8 @@ def simulate_connections(n, specs, *, seed, count):
         collector(got, "read_done", dut.o_read_done),
         collector(got, "faults", dut.o_fault),
         collector(got, "peer_terminate", dut.o_peer_terminate),
-        collector(got, "refused", dut.o_refused)], name=f"engine_c16_w{n}")
+        collector(got, "refused", dut.o_refused),
+        collector(got, "sent", dut.o_sent)], name=f"engine_c16_w{n}")
 
     assert not got["refused"] and not got["peer_terminate"]
     assert got["headers"] == got["chunks"], "chunk headers differ from the FPDUs sent"
@@ -585,6 +589,8 @@ def simulate_connections(n, specs, *, seed, count):
             assert fault["code"].value == layer << 12 | etype << 8 | ecode
             continue
         assert not faults and side.remote.terminate_sent is None, (conn, side.remote.reason)
+        assert sorted(e["id"] for e in got["sent"] if e["conn"] == conn) == \
+            sent_ids(work[conn]), conn
         assert side.gw.memory == side.mirror.memory, f"connection {conn}: host memory"
         assert side.peer.memory == side.copy.memory, f"connection {conn}: peer memory"
         compare_completions(side.wcs, [e for e in got["completions"] if e["conn"] == conn],

@@ -44,7 +44,7 @@ from iwarp_tb.streams import (
     send_packets,
     until_quiet,
 )
-from iwarp_tb.work import Headers, Requester, send_queue_engine
+from iwarp_tb.work import Headers, Requester, send_queue_engine, sent_ids
 
 IDLE = STALL = 0.2
 U64 = (1 << 64) - 1
@@ -219,8 +219,10 @@ def simulate(n, driver, *, seed, ord_, credits_after=None):
         host, reads,
         collector(got, "fpdus", dut.sender.o, data_bytes=n, rng=random.Random(seed + 2),
                   stall=STALL),
-        collector(got, "refused", dut.issuer.o_refused)], name=f"rdmap_request_w{n}")
+        collector(got, "refused", dut.issuer.o_refused),
+        collector(got, "sent", dut.scheduler.o_sent)], name=f"rdmap_request_w{n}")
     return got
+
 
 
 @pytest.mark.parametrize("n", [1, 8, 64])
@@ -237,6 +239,7 @@ def test_against_model(n, crc, markers):
     got = simulate(n, driver, seed=n, ord_=driver.conn.ord, credits_after=len(expected))
     assert b"".join(bytes(f) for f in got["fpdus"]) == wanted
     assert got["taken"] == expected and not got["refused"]
+    assert sorted(e["id"] for e in got["sent"]) == sent_ids(driver.work)
 
 
 ORD_OPS = [WrOpcode.RDMA_READ, WrOpcode.SEND, WrOpcode.ATOMIC_FETCH_AND_ADD,
@@ -286,6 +289,7 @@ def test_ord_zero():
     got = simulate(8, driver, seed=7, ord_=0)
     assert b"".join(bytes(f) for f in got["fpdus"]) == wanted
     assert [(r["id"], r["flushed"]) for r in got["refused"]] == [(1, 0), (2, 1)]
+    assert [e["id"] for e in got["sent"]] == [0]
 
 
 @pytest.mark.tshark
@@ -340,7 +344,7 @@ def simulate_connections(n, drivers, *, seed, retires):
     deferred one sends that connection back to it, offered again after a random wait."""
     conns = len(drivers)
     dut = ConnectionsTxPath(n, conns)
-    got = {"taken": [], "deferred": [], **{f"fpdus{c}": [] for c in range(conns)}}
+    got = {"taken": [], "deferred": [], "chunks": [], **{f"fpdus{c}": [] for c in range(conns)}}
     iss, sch, snd = dut.issuer, dut.scheduler, dut.sender
 
     async def host(ctx):
@@ -389,10 +393,14 @@ def simulate_connections(n, drivers, *, seed, retires):
                               timeout=1 << 30)
             beats[t["conn"]].append(Beat(t["data"], t["keep"], t["last"], t["err"]))
             if t["last"]:
-                got[f"fpdus{t['conn']}"] += from_beats(beats[t["conn"]], n)
+                (fpdu,) = from_beats(beats[t["conn"]], n)
+                got[f"fpdus{t['conn']}"].append(fpdu)
+                got["chunks"].append({"conn": t["conn"], "length": len(fpdu)})
                 beats[t["conn"]] = []
 
-    run(dut, control, monitors=[host, reads, fpdus, collector(got, "refused", iss.o_refused)],
+    run(dut, control, monitors=[host, reads, fpdus, collector(got, "refused", iss.o_refused),
+                                collector(got, "sent", sch.o_sent),
+                                collector(got, "headers", snd.o_header)],
         name=f"rdmap_request_c{conns}_w{n}")
     return got
 
@@ -431,3 +439,8 @@ def test_connections(n):
     assert 0 in {c for c, _ in got["deferred"]}
     assert [(r["conn"], r["id"], r["flushed"]) for r in got["refused"]] == [
         (3, 1, 0), (3, 2, 1), (3, 3, 1)]
+    assert got["headers"] == got["chunks"]
+    for conn, driver in enumerate(drivers):
+        refused = [r["id"] for r in got["refused"] if r["conn"] == conn]
+        assert sorted(e["id"] for e in got["sent"] if e["conn"] == conn) == \
+            sent_ids(driver.work, refused), conn

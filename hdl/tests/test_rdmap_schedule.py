@@ -33,7 +33,8 @@ def work(rng, count, opcode, *, inline=0.0):
                                 "to": rng.getrandbits(64), "msn": 0, "inv_stag": 0,
                                 "length": rng.choice([0, 0, 1, 600, 700, 701,
                                                       rng.randrange(3000)])},
-                    "source": rng.getrandbits(64), "inline": 0, "data": 0})
+                    "source": rng.getrandbits(64), "inline": 0, "data": 0,
+                    "id": rng.getrandbits(16), "report": int(rng.random() < 0.8)})
     return out
 
 
@@ -50,7 +51,7 @@ def host_data(addr, length):
 
 def simulate(n, sends, responses, *, seed, idle, stall):
     dut = SendScheduler(n)
-    got = {"reads": [], "sent": [], "messages": []}
+    got = {"reads": [], "sent": [], "messages": [], "reported": [], "payload": []}
     state = {"done": False}
     pending = []                # host reads taken, their data still to give
 
@@ -116,9 +117,19 @@ def simulate(n, sends, responses, *, seed, idle, stall):
             await send_packets(bus, StreamPort.amaranth(dut.i_host), [pending.pop(0)], n,
                                rng=rng, idle=idle)
 
+    async def reported(ctx):
+        """Each work request reported done with host memory, and how many payload packets
+        had passed by then."""
+        bus, rng = AmaranthBus(ctx), random.Random(seed + 8)
+        while True:
+            (sent,) = await recv(bus, StreamPort.amaranth(dut.o_sent), 1, rng=rng, stall=stall,
+                                 timeout=1 << 30)
+            got["reported"].append((sent["id"], len(got["payload"])))
+
     run(dut, feeder(dut.i_send, sends, 1), feeder(dut.i_response, responses, 2), sender,
-        fetcher, monitors=[reads, host, collector(got, "payload", dut.o_payload, data_bytes=n,
-                                         rng=random.Random(seed + 6), stall=stall)],
+        fetcher, monitors=[reads, host, reported,
+                           collector(got, "payload", dut.o_payload, data_bytes=n,
+                                     rng=random.Random(seed + 6), stall=stall)],
         name=f"rdmap_schedule_w{n}")
     assert state["done"]
     return got
@@ -142,6 +153,17 @@ def check(got, order, responses):
     assert [bytes(p) for p in got["payload"]] == payloads
     # One end per response, of its kind (an empty one's may come a little later).
     assert sorted(got["sent"]) == sorted(w["inline"] for w in order if w in responses)
+    # One report per send with ``report``; for one with a payload, after its last packet.
+    assert sorted(i for i, _ in got["reported"]) == sorted(
+        w["id"] for w in order if w not in responses and w["report"])
+    packets, passed = 0, {}
+    for w in order:
+        packets += len(fetches(w))
+        if w not in responses and w["report"]:
+            passed.setdefault(w["id"], []).append(packets if fetches(w) else 0)
+    for ident, seen in got["reported"]:
+        assert seen >= min(passed[ident]), (ident, seen, passed[ident])
+        passed[ident].remove(min(passed[ident]))
 
 
 def interleaved(got, sends, responses):

@@ -743,6 +743,7 @@ def _configured_sender(width, count, size, conns=None):
                 with m.If(opening.valid):
                     m.d.sync += opened.eq(opened + 1)
                     m.d.comb += tx.i_message.valid.eq(0)
+                m.d.comb += tx.o_header.ready.eq(1)     # the TCP engine's chunk headers
             with m.If(tx.i_message.valid & tx.i_message.ready):
                 m.d.sync += sent.eq(sent + 1)
             wiring.connect(m, wiring.flipped(self.i), tx.i_payload)

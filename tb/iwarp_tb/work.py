@@ -9,7 +9,7 @@ from iwarp_model.verbs import SGE, SendFlags, WrOpcode
 from iwarp_model.wire.rdmap import AtomicRequest, ReadRequest
 from iwarp_nic.rdmap import WorkRequest
 
-__all__ = ["Headers", "Requester", "posted_receive", "send_queue_engine"]
+__all__ = ["Headers", "Requester", "posted_receive", "send_queue_engine", "sent_ids"]
 
 
 class Headers:
@@ -90,6 +90,14 @@ def posted_receive(wr) -> dict:
     sge = wr.sg_list[0] if wr.sg_list else SGE(0, 0, 0)
     return {"id": wr.wr_id, "sges": len(wr.sg_list), "lkey": sge.lkey, "addr": sge.addr,
             "length": sge.length}
+
+
+def sent_ids(work, refused=()) -> list[int]:
+    """The ids of the work requests ``work`` whose end the scheduler reports as they are done
+    with host memory (``o_sent``): the Sends, Writes and Immediate Data, not the Read and
+    Atomic Requests (the placer reports their ends), nor those ``refused``; sorted."""
+    return sorted(w["id"] for w in work
+                  if w["message"]["opcode"] not in (1, 10) and w["id"] not in refused)
 
 
 async def send_queue_engine(ctx, port, deferred, work, rng, *, idle, deferrals):

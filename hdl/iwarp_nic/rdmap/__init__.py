@@ -6,9 +6,10 @@ stream sends next."""
 from .atomic import AtomicExecutor, HostAtomic, HostWord
 from .request import Refused, RequestIssuer, WorkRequest
 from .respond import OpenResponder, OutboundMessage, RequestResponder
-from .schedule import HostRead, SendScheduler
+from .schedule import HostRead, SendScheduler, Sent
 from .terminate import TerminateEmitter, TerminateHeader, TerminateParser, TerminateRequest
 
 __all__ = ["TerminateEmitter", "TerminateRequest", "TerminateParser", "TerminateHeader",
            "RequestResponder", "OpenResponder", "OutboundMessage", "SendScheduler", "HostRead",
-           "AtomicExecutor", "HostAtomic", "HostWord", "RequestIssuer", "Refused", "WorkRequest"]
+           "Sent", "AtomicExecutor", "HostAtomic", "HostWord", "RequestIssuer", "Refused",
+           "WorkRequest"]

@@ -76,7 +76,9 @@ class RequestIssuer(wiring.Component):
         request offered in the same cycle. The stream that had the slot before must have no
         work request in flight (its outstanding Reads are cleared from the table apart).
     o_send : Out(stream.Signature(with_conn(OutboundMessage, conns)))
-        The messages, each connection's in order, to the scheduler's send queue input.
+        The messages, each connection's in order, to the scheduler's send queue input; each
+        with its work request's ``id``, and ``report`` for a Send, Write or Immediate Data
+        (not a Read or Atomic Request, whose end the placer reports, nor an RTR).
     o_outstanding : Out(stream.Signature(with_conn(OutstandingRead, conns)))
         One stream: the Reads and atomics outstanding, oldest first, offered from when the
         request is passed on (the placer's ``i_outstanding``); the consumer takes one when it
@@ -231,7 +233,9 @@ class RequestIssuer(wiring.Component):
                 m.d.comb += [self.i_work.ready.eq(1), sent.eq(1), update.waiting.eq(0)]
                 msg = out.payload.message
                 m.d.sync += [out.valid.eq(1), msg.eq(work.message), out.payload.inline.eq(0),
-                             out.payload.source.eq(work.source), out.payload.data.eq(0)]
+                             out.payload.source.eq(work.source), out.payload.data.eq(0),
+                             out.payload.id.eq(work.id),
+                             out.payload.report.eq(~request & ~work.rtr)]
                 with m.If(one_of(opcode, _QUEUE_0)):
                     m.d.sync += msg.msn.eq(now.msn_0)
                     m.d.comb += update.msn_0.eq(add(now.msn_0, 1))

@@ -36,9 +36,11 @@ INLINE_BYTES = ATOMIC_RESPONSE.length
 
 #: A message to send and where its payload comes from: host memory at ``source`` (fetch offset
 #: added), or with ``inline`` the first ``message.length`` octets of ``data`` (lane 0 first: an
-#: Atomic Response's header).
+#: Atomic Response's header). With ``report``, the work request ``id`` (a Send, a Write or
+#: Immediate Data of the host's) completes when its payload has been read: the scheduler says
+#: so (``o_sent``).
 OutboundMessage = StructLayout({"message": Message, "source": 64, "inline": 1,
-                                "data": 8 * INLINE_BYTES})
+                                "data": 8 * INLINE_BYTES, "id": 16, "report": 1})
 
 
 def OpenResponder(conns, pd_bits):

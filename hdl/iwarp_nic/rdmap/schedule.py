@@ -22,10 +22,13 @@ from ..stream import BeatStream, check_data_bytes
 from ..tcp.layouts import conn_bits, with_conn
 from .respond import INLINE_BYTES, OutboundMessage
 
-__all__ = ["HostRead", "SendScheduler"]
+__all__ = ["HostRead", "Sent", "SendScheduler"]
 
 #: A read of ``length`` octets of host memory at ``addr``.
 HostRead = StructLayout({"addr": 64, "length": 16})
+#: A work request whose message no longer needs host memory (:data:`OutboundMessage`
+#: ``report``).
+Sent = StructLayout({"id": 16})
 
 _DEPTH = 4                  # messages planned whose payload is still being fetched
 _FETCHES = 8                # fetches whose payload has not left yet
@@ -66,6 +69,11 @@ class SendScheduler(wiring.Component):
         Atomic Response).
     response_conn : Out(conn_bits(conns))
         Several connections: with ``response_sent``, that response's connection.
+    o_sent : Out(stream.Signature(with_conn(Sent, conns)))
+        A message of the send queue with ``report`` is done with host memory: the last
+        octet of its payload has been read and passed on (or, without a payload, the message
+        was passed on). Its buffer may be used again; its work request completes. A queue
+        of 8 holds these; once it is full, the payload of the next such message waits.
 
     When both inputs offer a message, they alternate: the one not served last goes first.
     Throughput: a message per cycle; fetches one per cycle; payload beats one per cycle.
@@ -91,6 +99,7 @@ class SendScheduler(wiring.Component):
             "o_payload": Out(BeatStream(data_bytes)),
             "response_sent": Out(1),
             "response_inline": Out(1),
+            "o_sent": Out(stream.Signature(with_conn(Sent, conns))),
         })
 
     def elaborate(self, platform):
@@ -99,7 +108,8 @@ class SendScheduler(wiring.Component):
         # is a Read Response (and whose).
         several = self.conns is not None
         entry = with_conn(StructLayout({"source": 64, "length": 32, "response": 1, "inline": 1,
-                                        "data": 8 * INLINE_BYTES}), self.conns)
+                                        "data": 8 * INLINE_BYTES, "id": 16, "report": 1}),
+                          self.conns)
         m.submodules.sources = sources = SyncFIFOBuffered(width=entry.size, depth=_DEPTH)
         out = self.o_message
         last_response = Signal()        # the last message taken was a Read Response
@@ -115,7 +125,15 @@ class SendScheduler(wiring.Component):
         # The responses without a payload passed on whose end is not reported yet (whose).
         m.submodules.unpaid = unpaid = SyncFIFOBuffered(width=conn_bits(self.conns or 1),
                                                         depth=_FETCHES)
-        take = offered & (~out.valid | out.ready) & sources.w_rdy & unpaid.w_rdy
+        # The work requests done with host memory (o_sent): those with a payload as the last
+        # octet of it passes, those without as they are passed on (each kind queued).
+        sent_shape = with_conn(Sent, self.conns)
+        m.submodules.paid_sent = paid_sent = SyncFIFOBuffered(width=sent_shape.size,
+                                                              depth=_FETCHES)
+        m.submodules.quiet_sent = quiet_sent = SyncFIFOBuffered(width=sent_shape.size,
+                                                                depth=_FETCHES)
+        take = (offered & (~out.valid | out.ready) & sources.w_rdy & unpaid.w_rdy
+                & quiet_sent.w_rdy)
         m.d.comb += [
             self.i_response.ready.eq(take & pick_response),
             self.i_send.ready.eq(take & ~pick_response),
@@ -124,7 +142,8 @@ class SendScheduler(wiring.Component):
         written = entry(sources.w_data)
         m.d.comb += [written.source.eq(chosen.source), written.length.eq(chosen.message.length),
                      written.response.eq(pick_response), written.inline.eq(chosen.inline),
-                     written.data.eq(chosen.data)]
+                     written.data.eq(chosen.data), written.id.eq(chosen.id),
+                     written.report.eq(chosen.report & ~pick_response)]
         if several:
             m.d.comb += written.conn.eq(chosen.conn)
         with m.If(out.ready):
@@ -139,7 +158,8 @@ class SendScheduler(wiring.Component):
         # offset; the message is done with when a fetch reaches its end. Each fetch leaves a
         # note of where its packet comes from.
         note = StructLayout({"inline": 1, "length": range(INLINE_BYTES + 1),
-                             "data": 8 * INLINE_BYTES})
+                             "data": 8 * INLINE_BYTES,
+                             "sent": with_conn(Sent, self.conns), "report": 1})
         m.submodules.notes = notes = SyncFIFOBuffered(width=note.size, depth=_FETCHES)
         head = entry(sources.r_data)
         fetch = self.i_fetch.payload
@@ -162,6 +182,10 @@ class SendScheduler(wiring.Component):
                      written_note.length.eq(fetch.length),
                      written_note.data.eq(shift_right(m, padded, skip, 8, "inline_from"))]
         finished = fetched & (end == head.length)
+        m.d.comb += [written_note.report.eq(finished & head.report),
+                     written_note.sent.id.eq(head.id)]
+        if several:
+            m.d.comb += written_note.sent.conn.eq(head.conn)
         # A response's end: the last fetch of one with a payload, or, in a cycle without one,
         # one of those without a payload passed on (queued until then: they may coincide).
         response_fetched = finished & head.response
@@ -175,12 +199,23 @@ class SendScheduler(wiring.Component):
         if several:
             m.d.comb += [unpaid.w_data.eq(chosen.conn),
                          self.response_conn.eq(Mux(response_fetched, head.conn, unpaid.r_data))]
-        self._payload(m, note(notes.r_data), notes)
+        quiet = Signal(sent_shape)
+        m.d.comb += [quiet.id.eq(chosen.id), quiet_sent.w_data.eq(quiet),
+                     quiet_sent.w_en.eq(take & ~pick_response & ~has_payload & chosen.report)]
+        if several:
+            m.d.comb += quiet.conn.eq(chosen.conn)
+        sent = self.o_sent
+        m.d.comb += [sent.valid.eq(paid_sent.r_rdy | quiet_sent.r_rdy),
+                     sent.payload.eq(Mux(paid_sent.r_rdy, paid_sent.r_data, quiet_sent.r_data)),
+                     paid_sent.r_en.eq(sent.ready),
+                     quiet_sent.r_en.eq(sent.ready & ~paid_sent.r_rdy)]
+        self._payload(m, note(notes.r_data), notes, paid_sent)
         return m
 
-    def _payload(self, m, head, notes):
+    def _payload(self, m, head, notes, sent):
         """Each fetch's packet: the host data passed through, or the inline octets a beat at
-        a time."""
+        a time; the last packet of a message with ``report`` writes its work request into the
+        FIFO ``sent`` as its last beat passes (and waits for room there)."""
         n = self.data_bytes
         out, host = self.o_payload, self.i_host
         beats = -(-INLINE_BYTES // n)
@@ -205,6 +240,8 @@ class SendScheduler(wiring.Component):
                 with m.If(out.ready):
                     m.d.sync += beat.eq(Mux(last, 0, add(beat, 1)))
         with m.Elif(notes.r_rdy):
-            m.d.comb += [out.valid.eq(host.valid), out.payload.eq(host.payload),
-                         host.ready.eq(out.ready),
-                         notes.r_en.eq(host.valid & out.ready & host.payload.last)]
+            room = ~head.report | sent.w_rdy
+            ends = host.valid & out.ready & room & host.payload.last
+            m.d.comb += [out.valid.eq(host.valid & room), out.payload.eq(host.payload),
+                         host.ready.eq(out.ready & room), notes.r_en.eq(ends),
+                         sent.w_data.eq(head.sent), sent.w_en.eq(ends & head.report)]
