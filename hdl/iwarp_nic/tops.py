@@ -28,6 +28,7 @@ def tops():
     from .fifo import PacketFifo
     from .hdrparse import HeaderEmitter, HeaderParser
     from .headers import ETHERNET
+    from .host import AxiLiteTarget
     from .host.descriptor import DescriptorPacker, DescriptorUnpacker
     from .host.formats import Cqe, SqWqe
     from .host.receive_queue import ReceiveQueueEngine
@@ -120,6 +121,7 @@ def tops():
     tops["iwarp_tcp_isn"] = lambda: IsnGenerator(156_250_000)
     tops["iwarp_tcp_lookup_c256"] = lambda: ConnLookup(256)
     tops["iwarp_skid_u32"] = lambda: SkidBuffer(unsigned(32))
+    tops["iwarp_axil_target"] = AxiLiteTarget
     tops["iwarp_mac_gmii"] = GmiiMac
     tops["iwarp_mac_xgmii"] = XgmiiMac
     return tops
