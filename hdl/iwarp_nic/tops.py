@@ -29,6 +29,7 @@ def tops():
     from .hdrparse import HeaderEmitter, HeaderParser
     from .headers import ETHERNET
     from .host import AxiLiteTarget
+    from .host.completion import CompletionWriter
     from .host.descriptor import DescriptorPacker, DescriptorUnpacker
     from .host.formats import Cqe, SqWqe
     from .host.receive_queue import ReceiveQueueEngine
@@ -104,6 +105,7 @@ def tops():
         tops[f"iwarp_host_cqe_packer_w{n}"] = lambda n=n: DescriptorPacker(Cqe, n)
         tops[f"iwarp_host_send_queue_c16_w{n}"] = lambda n=n: SendQueueEngine(n)
         tops[f"iwarp_host_receive_queue_c16_w{n}"] = lambda n=n: ReceiveQueueEngine(n)
+        tops[f"iwarp_host_completion_c16_w{n}"] = lambda n=n: CompletionWriter(n, writers=2)
     # The ECPIX-5's arrangement: a two-byte node behind a GMII MAC in a domain of its own.
     tops["iwarp_tcp_node_w2_gmii"] = lambda: TcpNode(2, mac_bytes=1)
     tops["iwarp_beat_upsizer_w1_w8"] = lambda: BeatUpsizer(1, 8, err=True)

@@ -18,8 +18,9 @@ and the NIC's DMA takes a descriptor in whole beats.
   driver writes there in wire order and names by ``source`` like any payload.
 * :data:`RqWqe`, 32 octets: a receive buffer for one untagged message (a Send or Immediate
   Data).
-* :data:`Cqe`, 32 octets: one completion. ``owner`` is written last (the highest octet) and
-  flips on each pass of the ring, so the host sees a new entry without reading a register.
+* :data:`Cqe`, 32 octets: one completion. ``owner`` is in the last octet written, and is 1
+  on the ring's first pass, 0 on its second, and so on: the host sees a new entry without
+  reading a register.
 
 A completion names its work request by queue and index (``wqe``), not by a 64-bit ``wr_id``:
 the driver keeps the ``wr_id`` of each entry it posted, as other rNIC drivers do.
@@ -28,7 +29,7 @@ the driver keeps the ``wr_id`` of each entry it posted, as other rNIC drivers do
 from amaranth.lib.data import StructLayout
 
 __all__ = ["SqWqe", "SQ_WQE_BYTES", "SQ_INLINE_OFFSET", "RqWqe", "RQ_WQE_BYTES", "Cqe",
-           "CQE_BYTES", "SqFlags", "CqeFlags"]
+           "CQE_BYTES", "SqFlags", "CqeKind", "CqeFlags"]
 
 
 class SqFlags:
@@ -36,6 +37,11 @@ class SqFlags:
     have completed (the verbs' ``IBV_SEND_FENCE``); ``SIGNALED``, report its completion
     (``IBV_SEND_SIGNALED``)."""
     FENCE, SIGNALED = 1, 2
+
+
+class CqeKind:
+    """:data:`Cqe` ``kind``: which queue the work request was posted on."""
+    SEND, RECV = 0, 1
 
 
 class CqeFlags:
@@ -85,12 +91,14 @@ RqWqe = StructLayout({
 })
 RQ_WQE_BYTES = RqWqe.size // 8
 
-#: One completion: the work request ``wqe`` of queue pair ``qp``'s send or receive queue
-#: (``opcode`` says which: the verbs' ``enum ibv_wc_opcode``, 128 and up for receives) ended
-#: with ``status`` (``enum ibv_wc_status``). ``byte_len``: the octets received, or a Read's
-#: or atomic's length. ``imm_data``, ``invalidated``: valid with the ``flags`` that say so.
+#: One completion: the work request ``wqe`` of queue pair ``qp``'s send queue (``kind``
+#: :attr:`CqeKind.SEND`) or receive queue (:attr:`CqeKind.RECV`) ended with ``status`` (the
+#: verbs' ``enum ibv_wc_status``). A receive's ``byte_len`` is the octets received; its
+#: ``imm_data`` and ``invalidated`` are valid with the ``flags`` that say so. The driver makes
+#: the verbs' work completion from it and from the work request it posted (its opcode, a
+#: Read's length).
 Cqe = StructLayout({
-    "wqe": 16, "qp": 16, "opcode": 8, "status": 8, "flags": 8, "_reserved0": 8,
+    "wqe": 16, "qp": 16, "kind": 8, "status": 8, "flags": 8, "_reserved0": 8,
     "byte_len": 32, "invalidated": 32,
     "imm_data": 64,
     "_reserved1": 63, "owner": 1,
