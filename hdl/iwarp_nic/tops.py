@@ -30,6 +30,7 @@ def tops():
     from .headers import ETHERNET
     from .host import AxiLiteTarget
     from .host.completion import CompletionWriter
+    from .host.control import HostControl
     from .host.descriptor import DescriptorPacker, DescriptorUnpacker
     from .host.formats import Cqe, SqWqe
     from .host.receive_queue import ReceiveQueueEngine
@@ -106,6 +107,8 @@ def tops():
         tops[f"iwarp_host_send_queue_c16_w{n}"] = lambda n=n: SendQueueEngine(n)
         tops[f"iwarp_host_receive_queue_c16_w{n}"] = lambda n=n: ReceiveQueueEngine(n)
         tops[f"iwarp_host_completion_c16_w{n}"] = lambda n=n: CompletionWriter(n, writers=2)
+    for n in (1, 8, 64):
+        tops[f"iwarp_host_control_c16_w{n}"] = lambda n=n: HostControl(n)
     # The ECPIX-5's arrangement: a two-byte node behind a GMII MAC in a domain of its own.
     tops["iwarp_tcp_node_w2_gmii"] = lambda: TcpNode(2, mac_bytes=1)
     tops["iwarp_beat_upsizer_w1_w8"] = lambda: BeatUpsizer(1, 8, err=True)
