@@ -22,6 +22,7 @@ def tops():
     from .ddp.segment import SegmentParser
     from .ddp.send import StreamSender
     from .ddp.stag import StagTable
+    from .dma import DmaMaster
     from .engine import ConnectionsEngine, IwarpEngine
     from .eth import GmiiMac, XgmiiMac
     from .eth.cdc import MacRxCrossing, MacTxCrossing
@@ -102,6 +103,7 @@ def tops():
         tops[f"iwarp_ip_node_w{n}"] = lambda n=n: IpNode(n)
         tops[f"iwarp_tcp_node_w{n}"] = lambda n=n: TcpNode(n)
     for n in (8, 64):       # the host side works at the DMA engine's width (64 to 512 bits)
+        tops[f"iwarp_dma_w{n}"] = lambda n=n: DmaMaster(n, write_clients=3, read_clients=3)
         tops[f"iwarp_host_sq_unpacker_w{n}"] = lambda n=n: DescriptorUnpacker(SqWqe, n)
         tops[f"iwarp_host_cqe_packer_w{n}"] = lambda n=n: DescriptorPacker(Cqe, n)
         tops[f"iwarp_host_send_queue_c16_w{n}"] = lambda n=n: SendQueueEngine(n)
