@@ -5,7 +5,7 @@
 #   make test       the whole regression: model, Amaranth-simulator and cocotb/Verilator tiers
 #   make test-fast  the model and Amaranth-simulator tiers only (seconds)
 #   make bench      benchmarks -> build/bench/results.json and a table
-#   make verilog    every top-level module -> build/verilog/*.v
+#   make verilog    every top-level module -> build/verilog/*.v, and build/include/iwarp_nic.h
 #   make lint       ruff, and verilator --lint-only -Wall on every generated module
 #   make bitstream BOARD=ecpix5   a board bitstream with utilisation and timing report
 #   make siw-guest  the QEMU guest running Linux siw -> build/siw/<variant>/ (VARIANT=stock|crc|rev1|all)
@@ -48,6 +48,7 @@ bench: $(STAMP)
 
 verilog: $(STAMP)
 	$(RUN) $(PY) -m iwarp_nic verilog --out build/verilog
+	$(PY) -m iwarp_nic header --out build/include/iwarp_nic.h
 
 lint: verilog
 	$(PY) -m ruff check hdl sim tb boards

@@ -1,4 +1,7 @@
-"""``python -m iwarp_nic verilog --out DIR [NAME ...]``: write top-level modules as Verilog."""
+"""``python -m iwarp_nic verilog --out DIR [NAME ...]``: write top-level modules as Verilog.
+
+``python -m iwarp_nic header [--out build/include/iwarp_nic.h]``: write the C header of the
+NIC's registers, descriptors and commands (:mod:`iwarp_nic.host.nicmap`)."""
 
 import argparse
 import fnmatch
@@ -16,7 +19,19 @@ def main(argv=None):
     gen.add_argument("--out", type=Path, default=Path("build/verilog"))
     gen.add_argument("patterns", nargs="*", help="module name globs (default: all)")
     sub.add_parser("list", help="list the top-level modules")
+    header = sub.add_parser("header", help="write the C header of the registers and layouts")
+    header.add_argument("--out", type=Path, default=Path("build/include/iwarp_nic.h"))
+    header.add_argument("--conns", type=int, default=16)
+    header.add_argument("--cqs", type=int, default=16)
     args = parser.parse_args(argv)
+    if args.command == "header":
+        from .host.cheader import write_header
+        from .host.nicmap import header_layouts, nic_map
+        path = write_header(args.out, nic_map(conns=args.conns, cqs=args.cqs),
+                            header_layouts(conns=args.conns, cqs=args.cqs, pd_bits=16,
+                                           stag_entries=4096))
+        print(f"wrote {path}")
+        return 0
 
     available = tops()
     if args.command == "list":

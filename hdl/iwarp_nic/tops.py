@@ -3,7 +3,8 @@
 Each entry builds a fresh component; :func:`iwarp_nic.axis.convert` gives it AXI-named ports.
 Widths cover the 1G (1 byte), 10G (8 bytes) and widest (64 bytes) configurations; the MACs
 are one per PHY interface (GMII: 1 byte, XGMII: 8 bytes), and so are the nodes built on them
-(MAC + IP, MAC + IP + TCP with 16 connections).
+(MAC + IP, MAC + IP + TCP with 16 connections) and the whole NIC; the host side's blocks work
+at the DMA engine's width (8 and 64 bytes).
 """
 
 from amaranth import unsigned
@@ -13,6 +14,7 @@ from .stream import BeatLayout, SkidBuffer
 
 def tops():
     """``{module_name: factory}`` for every generated top-level module."""
+    from .core import NicCore
     from .crc import CRC32CEngine, CRC32Engine
     from .ddp.emit import SegmentEmitter
     from .ddp.outstanding import OutstandingTable
@@ -102,6 +104,7 @@ def tops():
         tops[f"iwarp_mac_tx_cdc_w{n}"] = lambda n=n: MacTxCrossing(n)
         tops[f"iwarp_ip_node_w{n}"] = lambda n=n: IpNode(n)
         tops[f"iwarp_tcp_node_w{n}"] = lambda n=n: TcpNode(n)
+        tops[f"iwarp_nic_core_w{n}"] = lambda n=n: NicCore(n)
     for n in (8, 64):       # the host side works at the DMA engine's width (64 to 512 bits)
         tops[f"iwarp_dma_w{n}"] = lambda n=n: DmaMaster(n, write_clients=3, read_clients=3)
         tops[f"iwarp_host_sq_unpacker_w{n}"] = lambda n=n: DescriptorUnpacker(SqWqe, n)

@@ -8,6 +8,7 @@ converters sit on its side of the clock-domain crossing, where the line's pace i
 
 * :class:`BeatUpsizer`: ``ratio`` narrow beats into one wide beat.
 * :class:`BeatDownsizer`: a wide beat out as up to ``ratio`` narrow beats.
+* :func:`resized`: whichever of the two a stream needs, or none.
 
 Both keep every stream rule of :mod:`iwarp_nic.stream`: lane 0 first, ``keep`` contiguous from
 lane 0 and partial only on ``last``, no empty beats; ``err`` (when present) only matters on a
@@ -21,7 +22,23 @@ from amaranth.lib.wiring import In, Out
 from .exact import add, eq, gt, select
 from .stream import BeatLayout, BeatStream, check_data_bytes
 
-__all__ = ["BeatUpsizer", "BeatDownsizer"]
+__all__ = ["BeatUpsizer", "BeatDownsizer", "resized"]
+
+
+def resized(m, source, from_bytes, to_bytes, name, *, err=False):
+    """The byte stream ``source`` (an interface that sends ``from_bytes`` per beat, with
+    ``err`` or not) as an interface that sends ``to_bytes`` per beat: through a
+    :class:`BeatUpsizer` or :class:`BeatDownsizer` added to ``m`` as ``name``, or ``source``
+    itself when the widths are equal."""
+    if from_bytes == to_bytes:
+        return source
+    if from_bytes < to_bytes:
+        block = BeatUpsizer(from_bytes, to_bytes, err=err)
+    else:
+        block = BeatDownsizer(from_bytes, to_bytes, err=err)
+    m.submodules[name] = block
+    wiring.connect(m, source, block.i)
+    return block.o
 
 
 def _check_ratio(narrow_bytes, wide_bytes):

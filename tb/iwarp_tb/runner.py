@@ -90,13 +90,13 @@ def _digest(*paths) -> str:
 
 
 def run_cocotb(name, component, test_module, *, test_dir, testcase=None, env=None,
-               waves=False):
+               waves=False, build_args=()):
     """Build module ``name`` from ``component`` and run cocotb ``test_module`` against it.
 
     ``test_dir`` is the folder holding the test module. ``env`` passes parameters to the cocotb
     side (environment variables, e.g. the width). With ``waves`` a trace is written into the build
     folder (FST when the lz4 headers are installed, else VCD); its path is returned with the
-    number of tests run.
+    number of tests run. ``build_args`` go to Verilator.
     """
     from cocotb_tools.check_results import get_results
     from cocotb_tools.runner import get_runner
@@ -111,7 +111,7 @@ def run_cocotb(name, component, test_module, *, test_dir, testcase=None, env=Non
         digest = _digest(source)
         fresh = not (stamp.exists() and stamp.read_text() == digest)
         runner.build(sources=[source], hdl_toplevel=name, build_dir=build_dir, always=fresh,
-                     waves=waves, build_args=["--trace-fst"] if fst else [],
+                     waves=waves, build_args=[*build_args, *(["--trace-fst"] if fst else [])],
                      timescale=("1ns", "1ps"), log_file=build_dir / "build.log")
         stamp.write_text(digest)
     # The simulator runs in the build folder and imports the test module through PYTHONPATH,

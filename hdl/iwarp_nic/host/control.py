@@ -21,7 +21,7 @@ from ..rdmap import TerminateHeader
 from ..roundrobin import round_robin
 from ..stream import BeatStream, check_data_bytes
 from ..tcp.layouts import ChunkHeader, Command, Event, with_conn
-from ..width import BeatDownsizer, BeatUpsizer
+from ..width import resized
 from .bank import RegisterBank
 from .completion import CqEvent, QueuePairCqs
 from .nicmap import (
@@ -40,19 +40,6 @@ from .rings import Doorbell, Ring
 __all__ = ["HostControl"]
 
 _WORD = 4           # octets of a bus word
-
-
-def _resized(m, source, from_bytes, to_bytes, name):
-    """The byte stream ``source`` (``from_bytes`` per beat) at ``to_bytes`` per beat."""
-    if from_bytes == to_bytes:
-        return source
-    if from_bytes < to_bytes:
-        block = BeatUpsizer(from_bytes, to_bytes)
-    else:
-        block = BeatDownsizer(from_bytes, to_bytes)
-    m.submodules[name] = block
-    wiring.connect(m, source, block.i)
-    return block.o
 
 
 class HostControl(wiring.Component):
@@ -197,7 +184,7 @@ class HostControl(wiring.Component):
             m.d.sync += left.eq(sub(left, _WORD))
             with m.If(last):
                 m.d.sync += left.eq(0)
-        out = _resized(m, beats, _WORD, n, "frame_width")
+        out = resized(m, beats, _WORD, n, "frame_width")
         wiring.connect(m, out, wiring.flipped(self.o_frame))
 
     def _events(self, m, bank, n):
@@ -241,7 +228,7 @@ class HostControl(wiring.Component):
                      queue.r_en.eq(bank.event_pop.valid), bank.event_pop.ready.eq(1)]
 
         # Startup octets, four per word (the last word of a piece zero-filled).
-        words = _resized(m, wiring.flipped(self.i_startup), n, _WORD, "startup_width")
+        words = resized(m, wiring.flipped(self.i_startup), n, _WORD, "startup_width")
         m.submodules.startup_words = queue = SyncFIFOBuffered(width=8 * _WORD, depth=256)
         lanes = Cat(lane.replicate(8) for lane in words.payload.keep)
         m.d.comb += [queue.w_data.eq(words.payload.data & lanes), queue.w_en.eq(words.valid),

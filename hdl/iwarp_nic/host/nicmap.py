@@ -43,7 +43,7 @@ from .regmap import PULSE, RO, RW, W1C, Field, Register, RegisterMap
 from .rings import Ring
 
 __all__ = ["MAGIC", "VERSION", "MAILBOX_WORDS", "CommandOp", "NicEventKind", "NicEvent",
-           "TcpEventData", "QueuePairRings", "command_layouts", "nic_map"]
+           "TcpEventData", "QueuePairRings", "command_layouts", "header_layouts", "nic_map"]
 
 #: ``id``: "iWAR" in ASCII.
 MAGIC = 0x69574152
@@ -97,6 +97,18 @@ def command_layouts(*, conns, cqs, pd_bits, stag_entries):
         CommandOp.TCP: Command(conns),
         CommandOp.FRAME: ChunkHeader(conns),
     }
+
+
+def header_layouts(*, conns, cqs, pd_bits, stag_entries):
+    """``{name: layout}`` of everything in memory or in the mailbox the C header describes:
+    the descriptors, the event, and each command's arguments (``cmd_<op>``)."""
+    from .formats import Cqe, RqWqe, SqWqe
+    layouts = {"sq_wqe": SqWqe, "rq_wqe": RqWqe, "cqe": Cqe, "event": NicEvent,
+               "tcp_event": TcpEventData}
+    for op, layout in command_layouts(conns=conns, cqs=cqs, pd_bits=pd_bits,
+                                      stag_entries=stag_entries).items():
+        layouts[f"cmd_{op.name.lower()}"] = layout
+    return layouts
 
 
 def nic_map(*, conns, cqs):
