@@ -7,11 +7,11 @@ requesters after the last grant, once among all of them. That is two carry chain
 square of the number of requesters.
 """
 
-from amaranth import Mux, Signal
+from amaranth import Cat, Mux, Signal
 
 from .exact import add, sub
 
-__all__ = ["round_robin"]
+__all__ = ["round_robin", "merge"]
 
 
 def _lowest(x):
@@ -32,3 +32,19 @@ def round_robin(m, requests, served, name):
     with m.If(served):
         m.d.sync += after.eq(~(grant | sub(grant, 1)))
     return grant
+
+
+def merge(m, sources, records, out, room, name):
+    """Take one of the streams ``sources`` at a time, round robin, while ``room``: the one
+    granted is ready, and its record (``records[k]``, a value of ``out``'s shape) drives
+    ``out``. Returns ``(offered, taken)``: some source is granted; and it is taken (``room``
+    with it)."""
+    taken = Signal(name=f"{name}_taken")
+    grant = round_robin(m, Cat(s.valid for s in sources), taken, name)
+    for k, (source, record) in enumerate(zip(sources, records)):
+        with m.If(grant[k]):
+            m.d.comb += out.eq(record)
+        m.d.comb += source.ready.eq(grant[k] & room)
+    offered = grant.any()
+    m.d.comb += taken.eq(offered & room)
+    return offered, taken

@@ -10,10 +10,10 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from ..axi import Axi4
-from ..exact import is_zero, lt, mask, wire
+from ..exact import lt, mask, wire
 from ..stream import BeatLayout, BeatStream, SkidBuffer
 from ..trim import HeadTrim
-from .split import BurstLayout, BurstSplitter, DmaCommand, check_dma
+from .split import BurstLayout, BurstSplitter, DmaCommand, check_dma, take_commands
 from .write import drive_constants
 
 __all__ = ["DmaReader"]
@@ -81,14 +81,7 @@ class DmaReader(wiring.Component):
         m.submodules.ar = ar = SkidBuffer(BurstLayout(n, self.addr_width))
         m.submodules.out = out = SkidBuffer(BeatLayout(n, err=True))
 
-        nonempty = ~is_zero(cmd.payload.length)
-        room = ~nonempty | offsets.w_rdy
-        m.d.comb += [
-            split.i.valid.eq(cmd.valid & room), split.i.payload.eq(cmd.payload),
-            cmd.ready.eq(split.i.ready & room),
-            offsets.w_en.eq(cmd.valid & cmd.ready & nonempty),
-            offsets.w_data.eq(cmd.payload.addr[:lanes]),
-        ]
+        take_commands(m, cmd, split, offsets)
 
         # Bursts: each takes a place in `track` and goes to AR through `ar`; a length-0
         # command's transfer is dropped.

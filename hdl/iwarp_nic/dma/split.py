@@ -19,7 +19,8 @@ from ..axi import BOUNDARY, MAX_BURST, Axi4
 from ..exact import add, is_zero, same, sub, wire, wrap_add, wrap_sub
 from ..stream import check_data_bytes
 
-__all__ = ["DmaCommand", "DmaDone", "BurstLayout", "BurstSplitter", "check_dma", "chunk_bits"]
+__all__ = ["DmaCommand", "DmaDone", "BurstLayout", "BurstSplitter", "check_dma", "chunk_bits",
+           "take_commands"]
 
 #: A DMA command: ``length`` bytes (0 to 65535) at host address ``addr`` (any alignment). The
 #: same layout as :data:`iwarp_nic.ddp.PlaceRequest`.
@@ -62,6 +63,20 @@ def BurstLayout(data_bytes, addr_width):
     lanes = data_bytes.bit_length() - 1
     return data.StructLayout({"addr": addr_width, "len": 8, "last": 1, "empty": 1,
                               "end": lanes})
+
+
+def take_commands(m, command, split, offsets):
+    """Pass the command stream ``command`` into the splitter ``split``, and each non-empty
+    command's start lane (its address modulo the width) into the FIFO ``offsets``; a command
+    waits while that FIFO is full."""
+    nonempty = ~is_zero(command.payload.length)
+    room = ~nonempty | offsets.w_rdy
+    m.d.comb += [
+        split.i.valid.eq(command.valid & room), split.i.payload.eq(command.payload),
+        command.ready.eq(split.i.ready & room),
+        offsets.w_en.eq(command.valid & command.ready & nonempty),
+        offsets.w_data.eq(command.payload.addr[:offsets.width]),
+    ]
 
 
 class BurstSplitter(wiring.Component):

@@ -10,10 +10,10 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from ..axi import Axi4, Burst
-from ..exact import add, is_zero, same, wire
+from ..exact import add, same, wire
 from ..stream import BeatStream, SkidBuffer
 from .align import LanePad, StrobeLayout
-from .split import BurstLayout, BurstSplitter, DmaCommand, DmaDone, check_dma
+from .split import BurstLayout, BurstSplitter, DmaCommand, DmaDone, check_dma, take_commands
 
 __all__ = ["DmaWriter", "drive_constants"]
 
@@ -107,14 +107,7 @@ class DmaWriter(wiring.Component):
         m.submodules.done = done = SkidBuffer(DmaDone)
 
         # Commands: into the splitter, and a non-empty one's offset into `offsets`.
-        nonempty = ~is_zero(cmd.payload.length)
-        room = ~nonempty | offsets.w_rdy
-        m.d.comb += [
-            split.i.valid.eq(cmd.valid & room), split.i.payload.eq(cmd.payload),
-            cmd.ready.eq(split.i.ready & room),
-            offsets.w_en.eq(cmd.valid & cmd.ready & nonempty),
-            offsets.w_data.eq(cmd.payload.addr[:lanes]),
-        ]
+        take_commands(m, cmd, split, offsets)
 
         # Bursts: each takes a place in `track`; the non-empty ones go to AW through `aw`.
         burst = split.o.payload

@@ -8,7 +8,7 @@ written by the NIC; its doorbell is the driver's head (the index after the last 
 read), so the NIC never overwrites an entry not yet read.
 """
 
-from amaranth import Cat, Module, Mux, Signal
+from amaranth import Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.data import StructLayout
 from amaranth.lib.fifo import SyncFIFOBuffered
@@ -17,7 +17,7 @@ from amaranth.lib.wiring import In, Out
 from ..ddp.placement import PlaceRequest, ReadDone, ReceiveCompletion
 from ..exact import eq, select, wrap_sub
 from ..rdmap import Refused, Sent
-from ..roundrobin import round_robin
+from ..roundrobin import merge
 from ..stream import BeatStream, check_data_bytes
 from ..tcp.layouts import conn_bits, with_conn
 from .descriptor import DescriptorPacker
@@ -135,13 +135,8 @@ class CompletionWriter(wiring.Component):
         m.submodules.fence = fence = WriteFence(Entry, writers=self._writers)
         m.d.comb += [fence.issued.eq(self.place_issued), fence.done.eq(self.place_done)]
         chosen = fence.i
-        taken = Signal()
-        grant = round_robin(m, Cat(s.valid for s in sources), taken, "completion")
-        for k, (entry, source) in enumerate(zip(entries, sources)):
-            with m.If(grant[k]):
-                m.d.comb += chosen.payload.eq(entry)
-            m.d.comb += source.ready.eq(grant[k] & chosen.ready)
-        m.d.comb += [chosen.valid.eq(grant.any()), taken.eq(chosen.valid & chosen.ready)]
+        offered, _ = merge(m, sources, entries, chosen.payload, chosen.ready, "completion")
+        m.d.comb += chosen.valid.eq(offered)
 
         # Each entry into its queue's next slot, unless the queue is full.
         rings = Rings(self.cqs, CQE_BYTES, "cq")    # next: the producer; tail: the driver's

@@ -18,7 +18,7 @@ from ..errors import Violation
 from ..exact import eq, is_zero, lt, mask, sub
 from ..mpa.gather import GatherCommand, Release
 from ..rdmap import TerminateHeader
-from ..roundrobin import round_robin
+from ..roundrobin import merge
 from ..stream import BeatStream, check_data_bytes
 from ..tcp.layouts import ChunkHeader, Command, Event, with_conn
 from ..width import resized
@@ -213,14 +213,8 @@ class HostControl(wiring.Component):
                      cq.code.eq(Cat(report.overflow, report.error))]
 
         m.submodules.events = queue = SyncFIFOBuffered(width=NicEvent.size, depth=self.events)
-        taken = Signal()
-        grant = round_robin(m, Cat(s.valid for s in sources), taken, "event")
-        for k, (source, record) in enumerate(zip(sources, made)):
-            with m.If(grant[k]):
-                m.d.comb += queue.w_data.eq(record)
-            m.d.comb += source.ready.eq(grant[k] & queue.w_rdy)
-        m.d.comb += [taken.eq(grant.any() & queue.w_rdy), queue.w_en.eq(taken),
-                     bank.irq_status.eq(taken)]
+        _, taken = merge(m, sources, made, queue.w_data, queue.w_rdy, "event")
+        m.d.comb += [queue.w_en.eq(taken), bank.irq_status.eq(taken)]
         head = Signal(NicEvent)
         with m.If(queue.r_rdy):
             m.d.comb += head.eq(queue.r_data)
