@@ -19,9 +19,7 @@ import pytest
 
 from iwarp_model import verbs
 from iwarp_model.engine import Connection, ConnState, Rtr
-from iwarp_model.mr import Access
-from iwarp_model.transport.memory import MemoryPair
-from iwarp_model.verbs import SGE, RecvWR, SendFlags, SendWR, WcOpcode, WrOpcode
+from iwarp_model.verbs import SGE, SendFlags, SendWR, WcOpcode, WrOpcode
 from iwarp_model.wire.rdmap import ReadRequest
 from iwarp_nic.ddp.placement import CompletionStatus
 from iwarp_nic.engine import ConnectionsEngine, IwarpEngine
@@ -42,73 +40,11 @@ from iwarp_tb.streams import (
     send_packets,
     tcp_chunks,
 )
+from iwarp_tb.traffic import EVERY, KINDS, End, exchange, kinds, plan
 from iwarp_tb.work import Headers, Requester, posted_receive, send_queue_engine, sent_ids
 
-ALL = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
-PART = 4096                     # octets of each part of a region
 LIMIT = 400_000
 SMALLEST_FPDU = 2 + 14        # ULPDU_Length and a tagged DDP header, no CRC
-PARTS = 8                       # writes, receives, read sources, read sinks, atomics, spare
-
-
-class End:
-    """One end's device: a region of PARTS parts, a QP, and its work (the same on both runs:
-    the gateware end's mirror and the model end, or the peer and its copy)."""
-
-    def __init__(self, name, seed, *, ird=8, ord_=8, dev=None):
-        rng = random.Random(seed)
-        self.dev = dev or verbs.Device(name)
-        self.pd = self.dev.alloc_pd()
-        self.cq = self.dev.create_cq(1024)
-        self.qp = self.dev.create_qp(self.pd, self.cq, self.cq, max_send_wr=256,
-                                     max_recv_wr=256, max_rd_atomic=ord_,
-                                     max_dest_rd_atomic=ird)
-        self.memory = bytearray(rng.randbytes(PARTS * PART))
-        self.region = self.dev.reg_mr(self.pd, self.memory, ALL,
-                                      iova=rng.getrandbits(40) & ~7)
-
-    def at(self, part, offset=0):
-        return self.region.iova + part * PART + offset
-
-
-def plan(rng, local, remote, count):
-    """``count`` work requests of ``local`` on ``remote``'s memory (part 0 written, part 2
-    read into local part 3, part 4 atomics), and the receives ``remote`` posts for the Sends
-    (into its part 1)."""
-    wrs, recvs = [], []
-    recv_at = 0
-    for k in range(count):
-        kind = rng.choice(["write", "send", "read", "atomic", "write_imm"])
-        length = rng.choice([0, 1, 64, 1000, rng.randrange(PART // 2)])
-        offset = rng.randrange(PART - length + 1)
-        sge = [SGE(local.at(5, offset), length, local.region.lkey)] if length else []
-        if kind in ("write", "write_imm"):
-            op = WrOpcode.RDMA_WRITE_WITH_IMM if kind == "write_imm" else WrOpcode.RDMA_WRITE
-            wrs.append(SendWR(k, op, sge, SendFlags.SIGNALED, imm_data=rng.getrandbits(32),
-                              remote_addr=remote.at(0, offset), rkey=remote.region.rkey))
-            if kind == "write_imm":
-                recvs.append(RecvWR(1000 + len(recvs), []))
-        elif kind == "send":
-            room = length + rng.choice([0, 5])
-            if recv_at + room > PART:
-                recv_at = 0
-            recvs.append(RecvWR(1000 + len(recvs), [SGE(remote.at(1, recv_at), room,
-                                                         remote.region.lkey)]))
-            recv_at += room
-            flags = SendFlags.SIGNALED | (SendFlags.SOLICITED if rng.random() < 0.5 else 0)
-            wrs.append(SendWR(k, WrOpcode.SEND, sge, flags))
-        elif kind == "read":
-            sink = [SGE(local.at(3, offset), length, local.region.lkey)] if length else []
-            wrs.append(SendWR(k, WrOpcode.RDMA_READ, sink, SendFlags.SIGNALED,
-                              remote_addr=remote.at(2, offset), rkey=remote.region.rkey))
-        else:
-            op = rng.choice([WrOpcode.ATOMIC_FETCH_AND_ADD, WrOpcode.ATOMIC_CMP_AND_SWP])
-            word = rng.randrange(16)
-            sink = SGE(local.at(3, PART - 8 * (word + 1)), 8, local.region.lkey)
-            wrs.append(SendWR(k, op, [sink], SendFlags.SIGNALED,
-                              remote_addr=remote.at(4, 8 * word), rkey=remote.region.rkey,
-                              compare_add=rng.getrandbits(64), swap=rng.getrandbits(64)))
-    return wrs, recvs
 
 
 def options(rng, *, p2p, rtr=Rtr.WRITE):
@@ -122,31 +58,24 @@ def bad_write(end, remote, wr_id):
                   SendFlags.SIGNALED, remote_addr=remote.at(0), rkey=remote.region.rkey ^ 1)
 
 
-def model_run(gw_opts, peer_opts, *, initiator, seed, count, bad=None, dev=None, ord_=8):
+def model_run(gw_opts, peer_opts, *, initiator, seed, count, bad=None, dev=None, ord_=8,
+              mix=KINDS):
     """The oracle: the same work between the gateware's mirror (on device ``dev`` if given)
     and a copy of the peer; the mirror's ORD and the peer's IRD are ``ord_``."""
     mirror, peer = End("g", seed, dev=dev, ord_=ord_), End("p", seed + 1, ird=ord_)
     rng = random.Random(seed + 2)
-    mine, their_recvs = plan(rng, mirror, peer, count)
-    theirs, my_recvs = plan(rng, peer, mirror, count)
+    mine, their_recvs = plan(rng, mirror, peer, count, kinds=mix)
+    theirs, my_recvs = plan(rng, peer, mirror, count, kinds=mix)
     if bad == "peer":
         theirs.append(bad_write(peer, mirror, 99))
     elif bad == "ours":
         mine.append(bad_write(mirror, peer, 99))
-    a = Connection(mirror.qp, active=initiator, **gw_opts)
-    b = Connection(peer.qp, active=not initiator, **peer_opts)
-    pair = MemoryPair(a, b) if initiator else MemoryPair(b, a)
-    pair.start()
-    assert a.state == ConnState.ESTABLISHED
-    for wr in my_recvs:
-        mirror.qp.post_recv(wr)
-    for wr in their_recvs:
-        peer.qp.post_recv(wr)
-    for wr in mine:
-        mirror.qp.post_send(wr)
-    for wr in theirs:
-        peer.qp.post_send(wr)
-    pair.pump()
+    ours, others = ((mine, my_recvs), gw_opts), ((theirs, their_recvs), peer_opts)
+    (first, first_work), (second, second_work) = (
+        ((mirror, ours), (peer, others)) if initiator else ((peer, others), (mirror, ours)))
+    ends = exchange(first, second, (first_work[0], second_work[0]), first_opts=first_work[1],
+                    second_opts=second_work[1])
+    a, b = ends if initiator else ends[::-1]
     assert bad or (a.terminate_sent is None and b.terminate_sent is None), (a.reason, b.reason)
     return a, mirror, peer, mine, theirs, my_recvs, their_recvs
 
@@ -160,7 +89,8 @@ def config(opts, *, initiator, qp):
 
 
 _RECEIVES = (WcOpcode.RECV, WcOpcode.RECV_RDMA_WITH_IMM)
-_ENDS = (WcOpcode.RDMA_READ, WcOpcode.FETCH_ADD, WcOpcode.COMP_SWAP)
+_ENDS = (WcOpcode.RDMA_READ, WcOpcode.FETCH_ADD, WcOpcode.COMP_SWAP, WcOpcode.MASKED_FETCH_ADD,
+         WcOpcode.MASKED_COMP_SWAP)
 
 
 def _wanted(wcs):
@@ -176,11 +106,6 @@ def compare_completions(wcs, completions, read_done):
         for wc in wcs if wc.opcode in _RECEIVES]
     assert [(d["id"], d["status"]) for d in read_done] == [
         (wc.wr_id, CompletionStatus(int(wc.status))) for wc in wcs if wc.opcode in _ENDS]
-
-
-def kinds(completions):
-    """The model completions ``completions``, in an order that does not depend on timing."""
-    return sorted((int(wc.opcode), wc.wr_id, int(wc.status), wc.byte_len) for wc in completions)
 
 
 def host_memory(dut, n, span):
@@ -221,11 +146,11 @@ def host_memory(dut, n, span):
     return [places, reads, atomics]
 
 
-def simulate(n, *, initiator, p2p, seed, count=12, bad=None, rtr=Rtr.WRITE):
+def simulate(n, *, initiator, p2p, seed, count=12, bad=None, rtr=Rtr.WRITE, mix=KINDS):
     rng = random.Random(seed)
     gw_opts, peer_opts = options(rng, p2p=p2p, rtr=rtr), options(rng, p2p=p2p, rtr=rtr)
     conn, mirror, copy, mine, theirs, my_recvs, their_recvs = model_run(
-        gw_opts, peer_opts, initiator=initiator, seed=seed, count=count, bad=bad)
+        gw_opts, peer_opts, initiator=initiator, seed=seed, count=count, bad=bad, mix=mix)
     wcs, copy_wcs, peer_wcs = mirror.cq.poll_cq(1024), copy.cq.poll_cq(1024), []
 
     # The gateware end: the mirror's table and memory as they were, the same work.
@@ -354,6 +279,12 @@ def simulate(n, *, initiator, p2p, seed, count=12, bad=None, rtr=Rtr.WRITE):
 def test_traffic(n, initiator):
     """Both ends' work at once, the gateware the Initiator or the Responder."""
     simulate(n, initiator=initiator, p2p=False, seed=n + initiator, count=8 if n == 1 else 24)
+
+
+@pytest.mark.parametrize("n", [8])
+def test_every_opcode(n):
+    """Every verb the engine offloads, Immediate Data alone and the masked atomics too."""
+    simulate(n, initiator=True, p2p=False, seed=40 + n, count=24, mix=EVERY)
 
 
 @pytest.mark.parametrize("rtr", [Rtr.SEND, Rtr.WRITE, Rtr.READ])

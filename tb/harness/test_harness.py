@@ -21,10 +21,11 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
 from iwarp_nic.eth import GmiiMac, XgmiiMac
+from iwarp_nic.node import forward
 from iwarp_nic.stream import BeatLayout, SkidBuffer
 from iwarp_tb import toolchain
 from iwarp_tb.beats import Packet
-from iwarp_tb.harness import Harness
+from iwarp_tb.harness import PHY_PINS, Harness
 
 WIDTHS = (1, 8, 64)
 
@@ -146,6 +147,44 @@ def test_phy(phy):
         assert h.get("tx_frames") == len(sent)
         cycles = [f.cycle for f in out]
         assert cycles == sorted(cycles) and cycles[-1] < h.cycle
+
+
+class TappedMac(wiring.Component):
+    """A MAC whose TX pins leave the module as tap ``tap_0``'s outputs, not as a PHY's."""
+
+    def __init__(self, phy):
+        self.mac = {"gmii": GmiiMac, "xgmii": XgmiiMac}[phy]()
+        self.tx = [pin for pin, way in PHY_PINS[phy].items() if way == "out"]
+        self.ports = {name: member for name, member in self.mac.signature.members.items()
+                      if name not in self.tx}
+        super().__init__({**self.ports, **{f"tap_0_{pin}": Out(len(getattr(self.mac, pin)))
+                                           for pin in self.tx}})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.mac = self.mac
+        for name, member in self.ports.items():
+            forward(m, member, getattr(self, name), getattr(self.mac, name))
+        m.d.comb += [getattr(self, f"tap_0_{pin}").eq(getattr(self.mac, pin)) for pin in self.tx]
+        return m
+
+
+@pytest.mark.parametrize("phy", ["gmii", "xgmii"])
+def test_taps(phy):
+    """A tap decodes TX pins inside a module as the PHY does the MAC's."""
+    rng = random.Random(phy + "tap")
+    with Harness(f"iwarp_tapped_mac_{phy}", TappedMac(phy), taps=["tap_0"]) as h:
+        assert h.taps == {"tap_0": phy}
+        sent = [udp_frame(rng, rng.randint(42, 1514)) for _ in range(20)]
+        h.push("s_axis", sent)
+        out = []
+        while len(out) < len(sent):
+            assert h.run(100_000, until_output=True) < 100_000, "no frame left the MAC"
+            out += h.tap_frames("tap_0")
+        assert out == [padded(f) for f in sent] and not any(f.err for f in out)
+        assert h.get("tx_frames") == len(sent)
+        with pytest.raises(KeyError):
+            h.tap_frames("tap_1")
 
 
 def test_trace():

@@ -23,7 +23,7 @@ from .harness import PHY_PINS, Harness
 from .tcphost import TcpHost
 from .tcprig import CLOCK_HZ, PHY_BY_WIDTH, NicTimers, ip_int, mac_int
 
-__all__ = ["TcpPair", "PairRig", "NODES"]
+__all__ = ["TcpPair", "PairRig", "NODES", "join_wire"]
 
 NODES = ("a", "b")
 
@@ -68,11 +68,16 @@ class TcpPair(wiring.Component):
             for name, member in self._host.items():
                 forward(m, member, getattr(self, _outer_name(node, name)),
                         getattr(block, name))
-        a, b = self.nodes["a"], self.nodes["b"]
-        for tx, rx in WIRE[self.phy].items():
-            for src, dst in ((a, b), (b, a)):
-                m.d.sync += getattr(dst, rx).eq(getattr(src, tx))
+        join_wire(m, self.phy, self.nodes["a"], self.nodes["b"])
         return m
+
+
+def join_wire(m, phy, a, b):
+    """The wire between the ``phy`` pins of blocks ``a`` and ``b``: each TX pin reaches the
+    other block's RX pin through one register."""
+    for tx, rx in WIRE[phy].items():
+        for src, dst in ((a, b), (b, a)):
+            m.d.sync += getattr(dst, rx).eq(getattr(src, tx))
 
 
 class PairRig:

@@ -1,0 +1,105 @@
+"""Two NICs back to back in one module: a test and benchmark fixture, not product gateware.
+
+:class:`NicPair` holds two :class:`~iwarp_nic.core.NicCore` (``a`` and ``b``) whose PHY pins
+are joined by a wire of one register per direction (as :class:`~iwarp_tb.tcppair.TcpPair`
+joins two TCP nodes), so whole RDMA conversations run inside a native
+:class:`~iwarp_tb.harness.Harness` with no Python between the NICs: each NIC's host memory
+(``a_m_axi``, ``b_m_axi``) and registers (``a_s_axil``, ``b_s_axil``) are the harness's.
+"""
+
+import hashlib
+
+from amaranth import Module
+from amaranth.lib import wiring
+from amaranth.lib.wiring import Out
+
+from iwarp_model.verbs import QpState
+from iwarp_nic.core import NicCore
+from iwarp_nic.node import forward
+
+from .driver import NicDevice, run_until
+from .harness import PHY_PINS, Harness
+from .tcppair import NODES, join_wire
+from .tcprig import CLOCK_HZ, PHY_BY_WIDTH, ip_int, mac_int
+
+__all__ = ["NicPair", "NicPairRig"]
+
+
+class NicPair(wiring.Component):
+    """NICs ``a`` and ``b`` of ``data_bytes`` (GMII at 1, XGMII at 8), each with the
+    :class:`~iwarp_nic.core.NicCore` parameters ``core``; each TX pin reaches the other NIC's
+    RX pin one cycle later. Ports: every NIC port but the PHY pins, with the NIC's letter in
+    front (``a_s_axil``, ``b_m_axi``, ``a_irq``), and each NIC's TX pins as outputs for the
+    harness's taps (``tap_a_xgmii_txd``: what ``a`` sends)."""
+
+    def __init__(self, data_bytes, **core):
+        self.data_bytes = data_bytes
+        self.phy = PHY_BY_WIDTH[data_bytes]
+        self.nics = {nic: NicCore(data_bytes, **core) for nic in NODES}
+        pins = PHY_PINS[self.phy]
+        self._host = {name: member for name, member in self.nics["a"].signature.members.items()
+                      if name not in pins}
+        self._tx = [pin for pin, way in pins.items() if way == "out"]
+        super().__init__({
+            **{f"{nic}_{name}": member for nic in NODES for name, member in self._host.items()},
+            **{f"tap_{nic}_{pin}": Out(len(getattr(self.nics[nic], pin)))
+               for nic in NODES for pin in self._tx}})
+
+    def elaborate(self, platform):
+        m = Module()
+        for nic, core in self.nics.items():
+            m.submodules[nic] = core
+            for name, member in self._host.items():
+                forward(m, member, getattr(self, f"{nic}_{name}"), getattr(core, name))
+        for nic, core in self.nics.items():
+            m.d.comb += [getattr(self, f"tap_{nic}_{pin}").eq(getattr(core, pin))
+                         for pin in self._tx]
+        join_wire(m, self.phy, self.nics["a"], self.nics["b"])
+        return m
+
+
+class NicPairRig:
+    """A :class:`NicPair` of ``width`` bytes built natively, each NIC with its
+    :class:`~iwarp_tb.driver.NicDevice` (:attr:`devices`, by letter) and host memory of
+    ``memory_bytes``; ``trace`` as :class:`~iwarp_tb.harness.Harness`'s. The frames each NIC
+    sends are recorded (:meth:`frames`). :attr:`ips` are the NICs' IPv4
+    addresses (integers)."""
+
+    def __init__(self, width, *, seed=1, trace=None, memory_bytes=1 << 24, **core):
+        params = ("NicPair", "taps", width, sorted(core.items()))
+        name = f"iwarp_nic_pair_w{width}"
+        if core:
+            name += "_" + hashlib.sha256(repr(params).encode()).hexdigest()[:8]
+        self.width = width
+        self.h = Harness(name, NicPair(width, **core), clock_mhz=CLOCK_HZ[width] / 1e6,
+                         seed=seed, params=params, trace=trace, memory_bytes=memory_bytes,
+                         taps=[f"tap_{nic}" for nic in NODES])
+        self.ips = {nic: ip_int(f"169.254.30.{k + 1}") for k, nic in enumerate(NODES)}
+        self.devices = {nic: NicDevice(self.h, prefix=f"{nic}_", seed=seed + k,
+                                       mac=mac_int(f"02:00:00:00:01:{k + 1:02x}"),
+                                       ip=self.ips[nic], heap=(1 << 16, memory_bytes - (1 << 16)))
+                        for k, nic in enumerate(NODES)}
+
+    def run_until(self, condition, *, timeout_cycles, slice_cycles=256):
+        run_until(self.h, self.devices.values(), condition, timeout_cycles=timeout_cycles,
+                  slice_cycles=slice_cycles)
+
+    def connect(self, qps, port=4791, **options):
+        """Open queue pairs ``qps`` (``{letter: NicQp}``): ``b``'s listens on ``port``,
+        ``a``'s connects to it, both with MPA ``options``; returns once both are in RTS."""
+        qps["b"].listen(port, **options)
+        qps["a"].connect(self.ips["b"], port, 40000 + qps["a"].qp_num, **options)
+        self.run_until(lambda: all(qp.state != QpState.RTR for qp in qps.values()),
+                       timeout_cycles=2_000_000)
+        for qp in qps.values():
+            if qp.state != QpState.RTS:
+                raise AssertionError(f"{qp!r}: {qp.reason}")
+
+    def frames(self):
+        """The frames both NICs sent since the last call, in the order their last octets
+        left (``frame.cycle``)."""
+        frames = [f for nic in NODES for f in self.h.tap_frames(f"tap_{nic}")]
+        return sorted(frames, key=lambda f: f.cycle)
+
+    def close(self):
+        self.h.close()
