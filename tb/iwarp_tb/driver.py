@@ -27,6 +27,7 @@ protocol error on a connection (a Terminate sent or received, a bad startup fram
 connection lost) moves its queue pair to ``ERR`` with the reason in :attr:`NicQp.reason`.
 """
 
+import random
 from collections import deque
 from dataclasses import dataclass
 
@@ -418,7 +419,7 @@ class NicDevice:
                                        stag_entries=4096)
         self.write("mac", mac)
         self.write("ip", ip)
-        keys = _keys(seed)
+        keys = random.Random(seed).getrandbits(160)     # RFC 6528: secret ISN and hash keys
         self.write("hash_key", keys & 0xFFFF_FFFF)
         self.write("isn_key_lo", keys >> 32 & (1 << 64) - 1)
         self.write("isn_key_hi", keys >> 96 & (1 << 64) - 1)
@@ -433,22 +434,21 @@ class NicDevice:
     # Registers.
 
     def write(self, name, value, index=0):
-        register = self.map[name]
+        """Write register ``name`` (element ``index``), a word at a time, low word first."""
         offset = self.map.offset(name, index)
-        width = register.width
-        for k in range(0, width, 32):
+        for k in range(0, self.map[name].width, 32):
             self.regs.write(offset + k // 8, value >> k & 0xFFFF_FFFF)
 
     def read(self, name, index=0):
-        register = self.map[name]
         offset = self.map.offset(name, index)
-        return sum(self.regs.read(offset + k // 8) << k for k in range(0, register.width, 32))
+        return sum(self.regs.read(offset + k // 8) << k
+                   for k in range(0, self.map[name].width, 32))
 
     def command(self, code, /, **fields):
         """Write command ``code``'s fields into the mailbox, then ``code``."""
         value = pack(self.layouts[code], fields)
         for k in range(MAILBOX_WORDS):
-            self.regs.write(self.map.offset("cmd_args", k), value >> 32 * k & 0xFFFF_FFFF)
+            self.write("cmd_args", value >> 32 * k & 0xFFFF_FFFF, k)
         self.write("command", code)
 
     def tcp(self, op, conn, *, local_port=0, remote_ip=0, remote_port=0):
@@ -581,12 +581,6 @@ class NicDevice:
         elif kind == NicEventKind.TERMINATE:
             qp.terminate_received = event["code"]
             qp.fail(f"Terminate received: {event['code']:#06x}")
-
-
-def _keys(seed):
-    """160 bits for the hash and ISN keys, from ``seed`` (RFC 6528 wants them secret)."""
-    import random
-    return random.Random(seed).getrandbits(160)
 
 
 def run_until(h, devices, condition, *, timeout_cycles, slice_cycles=256):
