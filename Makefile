@@ -6,7 +6,7 @@
 #   make test-fast  the model and Amaranth-simulator tiers only (seconds)
 #   make bench      benchmarks -> build/bench/results.json and a table
 #   make verilog    every top-level module -> build/verilog/*.v, and build/include/iwarp_nic.h
-#   make lint       ruff, and verilator --lint-only -Wall on every generated module
+#   make lint       ruff, and verilator --lint-only -Wall on every top not part of another
 #   make bitstream BOARD=ecpix5   a board bitstream with utilisation and timing report
 #   make siw-guest  the QEMU guest running Linux siw -> build/siw/<variant>/ (VARIANT=stock|crc|rev1|all)
 
@@ -34,8 +34,8 @@ $(STAMP): pyproject.toml
 # QEMU guests run under TCG emulation and time out when they share the cores with Verilator
 # builds: the siw tests run after the rest, on their own.
 test: $(STAMP)
-	$(RUN) $(PY) -m pytest -n $(JOBS) -m "not siw"
-	$(RUN) $(PY) -m pytest -m siw
+	$(RUN) $(PY) -m pytest -n $(JOBS) -m "not siw" --durations=40
+	$(RUN) $(PY) -m pytest -m siw --durations=20
 
 test-fast: $(STAMP)
 	$(RUN) $(PY) -m pytest -n $(JOBS) sim/tests hdl/tests
@@ -50,9 +50,10 @@ verilog: $(STAMP)
 	$(RUN) $(PY) -m iwarp_nic verilog --out build/verilog
 	$(PY) -m iwarp_nic header --out build/include/iwarp_nic.h
 
-lint: verilog
+lint: $(STAMP)
 	$(PY) -m ruff check hdl sim tb boards
-	$(RUN) $(PY) -m iwarp_tb.lint build/verilog
+	$(RUN) $(PY) -m iwarp_nic verilog --outermost --out build/lint
+	$(RUN) $(PY) -m iwarp_tb.lint build/lint
 
 bitstream: $(STAMP)
 	$(RUN) $(PY) -m boards.build $(BOARD)

@@ -22,12 +22,13 @@ from amaranth.lib.data import StructLayout
 from amaranth.lib.wiring import Out
 
 from .axi import Axi4
-from .dma import DmaMaster
+from .dma import DmaMaster, ReadReserve
 from .engine import ConnectionsEngine
 from .exact import mask
 from .host.completion import CompletionWriter
 from .host.control import HostControl
 from .host.fence import WriteFence
+from .host.formats import SQ_INLINE_OFFSET
 from .host.receive_queue import ReceiveQueueEngine
 from .host.send_queue import SendQueueEngine
 from .ip.mux import Arbiter
@@ -42,6 +43,7 @@ _PHY_PREFIXES = ("gmii_", "xgmii_")
 #: The DMA engine's clients.
 _PLACE, _ATOMIC_WRITE, _CQE = range(3)
 _PAYLOAD, _SQ, _RQ, _ATOMIC_READ = range(4)
+_OPERANDS = 4                   # atomic operands read ahead of the executor
 
 
 def _word_write(m, word, command, data, name):
@@ -81,6 +83,10 @@ class NicCore(wiring.Component):
     completion is written only once the placements before it are done (their write
     responses in), and a payload read for a Read Response or an atomic's read only once
     the placements and atomic results issued before it are done (RFC 5040 section 5.5).
+    The DMA engine returns all reads in the order they were issued, so the reads whose data
+    waits on other reads' (send queue entries wait for the issuer, which waits for the payload
+    of the entry before; atomic operands wait for the executor) go through a
+    :class:`~.dma.ReadReserve`: their data always has a place, and never holds up the rest.
     """
 
     def __init__(self, data_bytes, *, conns=16, cqs=16, dma_bytes=8, stag_entries=4096,
@@ -217,6 +223,16 @@ class NicCore(wiring.Component):
             m.d.comb += [fence.i.valid.eq(source.valid), source.ready.eq(fence.i.ready)]
             return fence
 
+        # A client whose data waits on the others' reads (the send queue's next entry waits
+        # for the issuer, which waits for the payload of the entry before; an operand waits
+        # for the executor, which waits to send) gets its data a place before it reads.
+        def reserved(source, k, beats, name):
+            reserve = m.submodules[name] = ReadReserve(d, beats)
+            wiring.connect(m, source, reserve.i_command)
+            wiring.connect(m, reserve.o_command, client("read", k, "command"))
+            wiring.connect(m, client("read", k, "data"), reserve.i_data)
+            return reserve
+
         payload = fenced(engine.o_read, "payload_fence")
         m.d.comb += [payload.i.payload.addr.eq(engine.o_read.payload.addr),
                      payload.i.payload.length.eq(engine.o_read.payload.length)]
@@ -229,12 +245,12 @@ class NicCore(wiring.Component):
         atomic = fenced(engine.o_atomic_read, "atomic_fence")
         m.d.comb += [atomic.i.payload.addr.eq(engine.o_atomic_read.payload),
                      atomic.i.payload.length.eq(8)]
-        wiring.connect(m, atomic.o, client("read", _ATOMIC_READ, "command"))
-        operand = client("read", _ATOMIC_READ, "data")
+        operands = reserved(atomic.o, _ATOMIC_READ, _OPERANDS, "atomic_reserve")
+        operand = operands.o_data
         m.d.comb += [engine.i_atomic_read.valid.eq(operand.valid),
                      operand.ready.eq(engine.i_atomic_read.ready),
                      engine.i_atomic_read.payload.eq(operand.payload.data[:64])]
-        wiring.connect(m, sq.o_fetch, client("read", _SQ, "command"))
-        wiring.connect(m, client("read", _SQ, "data"), sq.i_fetched)
+        entries = reserved(sq.o_fetch, _SQ, sq.ahead * -(-SQ_INLINE_OFFSET // d), "sq_reserve")
+        wiring.connect(m, entries.o_data, sq.i_fetched)
         wiring.connect(m, rq.o_fetch, client("read", _RQ, "command"))
         wiring.connect(m, client("read", _RQ, "data"), rq.i_fetched)

@@ -11,6 +11,26 @@ from amaranth import unsigned
 
 from .stream import BeatLayout, SkidBuffer
 
+#: Tops whose blocks are all part of another top at the same width (the one named, which
+#: builds them with the same defaults): ``make lint`` checks their code there rather than
+#: converting it twice.
+INSIDE = {
+    **{f"iwarp_{block}_w{n}": f"iwarp_nic_core_w{n}" for n in (1, 8)
+       for block in ("tcp_node", "ip_node", "engine_c16", "host_control_c16")},
+    **{f"iwarp_{block}_w8": "iwarp_nic_core_w8" for block in (
+        "host_send_queue_c16", "host_receive_queue_c16", "host_completion_c16",
+        "host_sq_unpacker", "host_cqe_packer")},
+    "iwarp_mac_gmii": "iwarp_nic_core_w1",
+    "iwarp_mac_xgmii": "iwarp_nic_core_w8",
+    **{f"iwarp_{block}_w{n}": f"iwarp_engine_c16_w{n}" for n in (1, 8, 64)
+       for block in ("ddp_receive_c16", "mpa_deframer_c16", "rdmap_send_scheduler_c16")},
+}
+
+
+def outermost():
+    """The names of :func:`tops` not in :data:`INSIDE`."""
+    return [name for name in tops() if name not in INSIDE]
+
 
 def tops():
     """``{module_name: factory}`` for every generated top-level module."""
@@ -24,7 +44,7 @@ def tops():
     from .ddp.segment import SegmentParser
     from .ddp.send import StreamSender
     from .ddp.stag import StagTable
-    from .dma import DmaMaster
+    from .dma import DmaMaster, ReadReserve
     from .engine import ConnectionsEngine, IwarpEngine
     from .eth import GmiiMac, XgmiiMac
     from .eth.cdc import MacRxCrossing, MacTxCrossing
@@ -107,6 +127,7 @@ def tops():
         tops[f"iwarp_nic_core_w{n}"] = lambda n=n: NicCore(n)
     for n in (8, 64):       # the host side works at the DMA engine's width (64 to 512 bits)
         tops[f"iwarp_dma_w{n}"] = lambda n=n: DmaMaster(n, write_clients=3, read_clients=3)
+        tops[f"iwarp_dma_read_reserve_w{n}"] = lambda n=n: ReadReserve(n, 64)
         tops[f"iwarp_host_sq_unpacker_w{n}"] = lambda n=n: DescriptorUnpacker(SqWqe, n)
         tops[f"iwarp_host_cqe_packer_w{n}"] = lambda n=n: DescriptorPacker(Cqe, n)
         tops[f"iwarp_host_send_queue_c16_w{n}"] = lambda n=n: SendQueueEngine(n)

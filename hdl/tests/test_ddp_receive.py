@@ -142,20 +142,22 @@ def simulate(n, table, ulpdus, *, crc, markers, seed, corrupt=None, fifo_bytes=1
 def test_traffic(n, crc, markers):
     rng = random.Random(n * 4 + crc * 2 + markers)
     table = Table(rng)
-    ulpdus = traffic(rng, table, 12 if n == 1 else 40)
+    # At one octet a beat, Writes of up to 1000 octets (two markers apart at most).
+    ulpdus = traffic(rng, table, 12 if n == 1 else 40, longest=1000 if n == 1 else 4096)
     placed, fault = simulate(n, table, ulpdus, crc=crc, markers=markers, seed=n)
     assert fault is None and len(placed) > 3
 
 
 @pytest.mark.parametrize("n", [8, 64])
 def test_longest(n):
-    """Writes of 64 KiB less the DDP header, with a FIFO large enough for two (markers off:
-    an FPDU that long cannot carry them, its pointer would not fit)."""
+    """A Write of 64 KiB less the DDP header, then a short one, with a FIFO large enough for
+    two long ones (markers off: an FPDU that long cannot carry them, its pointer would not
+    fit)."""
     rng = random.Random(3)
     table = Table(rng)
     region = table.regions[0]
-    ulpdus = [Segment(Opcode.WRITE, rng.randbytes(65535 - 14), stag=region.stag,
-                      to=region.iova + k).encode() for k in range(2)]
+    ulpdus = [Segment(Opcode.WRITE, rng.randbytes(length), stag=region.stag,
+                      to=region.iova + k).encode() for k, length in enumerate((65535 - 14, 100))]
     simulate(n, table, ulpdus, crc=True, markers=False, seed=n, fifo_bytes=131072,
              idle=0, stall=0)
 

@@ -15,8 +15,10 @@ error responses, bad parameters, and full-rate throughput with reads in flight.
 import random
 
 import pytest
+from amaranth import Module
+from amaranth.lib import wiring
 
-from iwarp_nic.dma import BurstSplitter, DmaMaster, DmaReader, DmaWriter, LanePad
+from iwarp_nic.dma import BurstSplitter, DmaMaster, DmaReader, DmaWriter, LanePad, ReadReserve
 from iwarp_tb.amsim import run
 from iwarp_tb.axi_memory import AxiMemory
 from iwarp_tb.beats import Packet
@@ -129,6 +131,55 @@ def test_reader_random(n, max_burst):
         monitors=[memory.bench()], name=f"dma_reader_w{n}")
     expect = _expected_reads(memory, cmds)
     assert got == expect and not any(p.err for p in got)
+    assert memory.max_reads > 1
+
+
+class _ReservedReader(wiring.Component):
+    """A :class:`ReadReserve` in front of a :class:`DmaReader`: the client's side."""
+
+    def __init__(self, n, beats):
+        self.reserve, self.reader = ReadReserve(n, beats), DmaReader(n)
+        super().__init__({"i_command": self.reserve.signature.members["i_command"],
+                          "o_data": self.reserve.signature.members["o_data"],
+                          "m_axi": self.reader.signature.members["m_axi"]})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.reserve, m.submodules.reader = self.reserve, self.reader
+        wiring.connect(m, wiring.flipped(self.i_command), self.reserve.i_command)
+        wiring.connect(m, self.reserve.o_command, self.reader.i_command)
+        wiring.connect(m, self.reader.o_data, self.reserve.i_data)
+        wiring.connect(m, self.reserve.o_data, wiring.flipped(self.o_data))
+        wiring.connect(m, self.reader.m_axi, wiring.flipped(self.m_axi))
+        return m
+
+
+@pytest.mark.parametrize("n,beats", [(8, 8), (8, 64), (64, 8)])
+def test_read_reserve(n, beats):
+    """Reads of up to ``beats`` beats, a client that stalls most cycles: every read's bytes
+    come back in order, and the reader's data is never held up (``i_data`` ready whenever
+    it is valid), which is what keeps the other clients' reads going."""
+    rng = random.Random(f"reserve{n}-{beats}")
+    dut = _ReservedReader(n, beats)
+    memory = AxiMemory(dut.m_axi, n, rng=rng, stall=0.2, r_latency=(0, 12))
+    memory.allow_write(0, 0)
+    cmds, end = commands(rng, n, 60, BASE + 1, max_len=beats * n, gap=40)
+    cmds = [(a, k if -(-k // n) <= beats else beats * n) for a, k in cmds]
+    memory.write(BASE, rng.randbytes(end - BASE + 4096))
+    held = []
+
+    async def watch(ctx):
+        data = dut.reserve.i_data
+        while True:
+            _, _, valid, ready = await ctx.tick().sample(data.valid, data.ready)
+            if valid and not ready:
+                held.append(True)
+
+    got = []
+    run(dut, *_read_client(dut.i_command, dut.o_data, cmds, rng, idle=0.1, stall=0.8, got=got),
+        monitors=[memory.bench(), watch], name=f"dma_read_reserve_w{n}")
+    assert got == _expected_reads(memory, cmds)
+    assert not held, "the reserve held up the reader's data"
     assert memory.max_reads > 1
 
 

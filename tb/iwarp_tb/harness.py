@@ -172,6 +172,9 @@ class Harness:
         :func:`~iwarp_tb.runner.write_verilog`).
     memory_bytes : int
         The size of each host memory (:meth:`memory`), from address 0.
+    sources : paths
+        Verilog files of the modules ``component`` instantiates as black boxes
+        (``amaranth.hdl.Instance``), built with it.
     taps : names
         Output pins to decode as a PHY's TX pins, as :meth:`frames` does the MAC's: tap ``t``
         is the module's outputs ``t_<pin>`` for the TX pins of :data:`PHY_PINS` (GMII or
@@ -182,7 +185,7 @@ class Harness:
     """
 
     def __init__(self, name, component, *, phy=None, trace=None, clock_mhz=None, seed=0,
-                 params=None, memory_bytes=1 << 24, taps=()):
+                 params=None, memory_bytes=1 << 24, taps=(), sources=()):
         if phy not in (None, *PHY_PINS):
             raise ValueError(f"phy must be None, 'gmii' or 'xgmii', not {phy!r}")
         if not isinstance(memory_bytes, int) or memory_bytes < 1:
@@ -239,7 +242,7 @@ class Harness:
         if trace is not None:
             cflags.append("-DHARNESS_TRACE_FST" if fst else "-DHARNESS_TRACE_VCD")
             args.append("--trace-fst" if fst else "--trace")
-        library = verilate(name, [source, _HARNESS], build_dir, "harness.so",
+        library = verilate(name, [source, *sources, _HARNESS], build_dir, "harness.so",
                            headers=[*_HEADERS, glue], cflags=cflags, ldflags=["-shared"],
                            args=args)
         self._lib = _load(library, phy is not None, bool(phy or self.taps))

@@ -1,11 +1,14 @@
-"""``python -m iwarp_tb.lint DIR``: ``verilator --lint-only -Wall`` on every ``DIR/*.v``.
+"""``python -m iwarp_tb.lint DIR``: ``verilator --lint-only -Wall`` on every ``DIR/*.v``, one
+module per CPU at a time.
 
 The waivers, each with its reason, are in ``lint.vlt`` beside this file. Exits non-zero if any
 module has a warning.
 """
 
+import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import toolchain
@@ -28,8 +31,9 @@ def main(argv):
         print(f"lint: no Verilog in {folder} (run make verilog)", file=sys.stderr)
         return 2
     failed = 0
-    for path in files:
-        report = lint(path)
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        reports = list(pool.map(lint, files))
+    for path, report in zip(files, reports):
         print(f"{'FAIL' if report else 'ok  '} {path}")
         if report:
             print(report)

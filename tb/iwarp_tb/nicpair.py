@@ -1,24 +1,28 @@
 """Two NICs back to back in one module: a test and benchmark fixture, not product gateware.
 
-:class:`NicPair` holds two :class:`~iwarp_nic.core.NicCore` (``a`` and ``b``) whose PHY pins
-are joined by a wire of one register per direction (as :class:`~iwarp_tb.tcppair.TcpPair`
-joins two TCP nodes), so whole RDMA conversations run inside a native
-:class:`~iwarp_tb.harness.Harness` with no Python between the NICs: each NIC's host memory
-(``a_m_axi``, ``b_m_axi``) and registers (``a_s_axil``, ``b_s_axil``) are the harness's.
+:class:`NicPair` holds two instances of :class:`~iwarp_nic.core.NicCore`'s Verilog (``a`` and
+``b``) whose PHY pins are joined by a wire of one register per direction (as
+:class:`~iwarp_tb.tcppair.TcpPair` joins two TCP nodes), so whole RDMA conversations run
+inside a native :class:`~iwarp_tb.harness.Harness` with no Python between the NICs: each
+NIC's host memory (``a_m_axi``, ``b_m_axi``) and registers (``a_s_axil``, ``b_s_axil``) are
+the harness's.
 """
 
 import hashlib
 
-from amaranth import Module
+from amaranth import ClockSignal, Instance, Module, ResetSignal
+from amaranth.hdl._ir import PortDirection
 from amaranth.lib import wiring
 from amaranth.lib.wiring import Out
 
 from iwarp_model.verbs import QpState
+from iwarp_nic.axis import axi_ports
 from iwarp_nic.core import NicCore
 from iwarp_nic.node import forward
 
 from .driver import NicDevice, run_until
 from .harness import PHY_PINS, Harness
+from .runner import write_verilog
 from .tcppair import NODES, join_wire
 from .tcprig import CLOCK_HZ, PHY_BY_WIDTH, ip_int, mac_int
 
@@ -26,19 +30,24 @@ __all__ = ["NicPair", "NicPairRig"]
 
 
 class NicPair(wiring.Component):
-    """NICs ``a`` and ``b`` of ``data_bytes`` (GMII at 1, XGMII at 8), each with the
-    :class:`~iwarp_nic.core.NicCore` parameters ``core``; each TX pin reaches the other NIC's
-    RX pin one cycle later. Ports: every NIC port but the PHY pins, with the NIC's letter in
-    front (``a_s_axil``, ``b_m_axi``, ``a_irq``), and each NIC's TX pins as outputs for the
-    harness's taps (``tap_a_xgmii_txd``: what ``a`` sends)."""
+    """NICs ``a`` and ``b`` of ``data_bytes`` (GMII at 1, XGMII at 8): two instances of the
+    Verilog module ``core_module``, a :class:`~iwarp_nic.core.NicCore` whose signature is
+    ``core``; each TX pin reaches the other NIC's RX pin one cycle later. Ports: every NIC
+    port but the PHY pins, with the NIC's letter in front (``a_s_axil``, ``b_m_axi``,
+    ``a_irq``), and each NIC's TX pins as outputs for the harness's taps
+    (``tap_a_xgmii_txd``: what ``a`` sends).
 
-    def __init__(self, data_bytes, **core):
+    The NICs are instances of one module rather than two copies of the design, so that the
+    NIC is converted to Verilog once, and the same Verilog serves the NicCore test. (Verilator
+    still compiles each instance's logic on its own.)"""
+
+    def __init__(self, data_bytes, core, core_module):
         self.data_bytes = data_bytes
         self.phy = PHY_BY_WIDTH[data_bytes]
-        self.nics = {nic: NicCore(data_bytes, **core) for nic in NODES}
+        self.core_module = core_module
+        self.nics = {nic: core.create(path=(nic,)) for nic in NODES}
         pins = PHY_PINS[self.phy]
-        self._host = {name: member for name, member in self.nics["a"].signature.members.items()
-                      if name not in pins}
+        self._host = {name: member for name, member in core.members.items() if name not in pins}
         self._tx = [pin for pin, way in pins.items() if way == "out"]
         super().__init__({
             **{f"{nic}_{name}": member for nic in NODES for name, member in self._host.items()},
@@ -48,10 +57,12 @@ class NicPair(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         for nic, core in self.nics.items():
-            m.submodules[nic] = core
+            ports = {("i_" if way == PortDirection.Input else "o_") + port: value
+                     for port, (value, way) in axi_ports(core).items()}
+            m.submodules[nic] = Instance(self.core_module, i_clk=ClockSignal(),
+                                         i_rst=ResetSignal(), **ports)
             for name, member in self._host.items():
                 forward(m, member, getattr(self, f"{nic}_{name}"), getattr(core, name))
-        for nic, core in self.nics.items():
             m.d.comb += [getattr(self, f"tap_{nic}_{pin}").eq(getattr(core, pin))
                          for pin in self._tx]
         join_wire(m, self.phy, self.nics["a"], self.nics["b"])
@@ -66,14 +77,18 @@ class NicPairRig:
     addresses (integers)."""
 
     def __init__(self, width, *, seed=1, trace=None, memory_bytes=1 << 24, **core):
-        params = ("NicPair", "taps", width, sorted(core.items()))
-        name = f"iwarp_nic_pair_w{width}"
-        if core:
-            name += "_" + hashlib.sha256(repr(params).encode()).hexdigest()[:8]
+        params = ("NicPair", "instances", width, sorted(core.items()))
+        suffix = f"_{hashlib.sha256(repr(params).encode()).hexdigest()[:8]}" if core else ""
+        # With no parameters, the NIC's module is the NicCore test's (the same params).
+        nic = NicCore(width, **core)
+        core_module = f"iwarp_nic_core_w{width}{suffix}"
+        source = write_verilog(core_module, nic, params=("NicCore", width, sorted(core.items())))
         self.width = width
-        self.h = Harness(name, NicPair(width, **core), clock_mhz=CLOCK_HZ[width] / 1e6,
-                         seed=seed, params=params, trace=trace, memory_bytes=memory_bytes,
-                         taps=[f"tap_{nic}" for nic in NODES])
+        self.h = Harness(f"iwarp_nic_pair_w{width}{suffix}",
+                         NicPair(width, nic.signature, core_module),
+                         clock_mhz=CLOCK_HZ[width] / 1e6, seed=seed, params=params,
+                         trace=trace, memory_bytes=memory_bytes,
+                         taps=[f"tap_{nic}" for nic in NODES], sources=[source])
         self.ips = {nic: ip_int(f"169.254.30.{k + 1}") for k, nic in enumerate(NODES)}
         self.devices = {nic: NicDevice(self.h, prefix=f"{nic}_", seed=seed + k,
                                        mac=mac_int(f"02:00:00:00:01:{k + 1:02x}"),

@@ -90,19 +90,19 @@ def _digest(*paths) -> str:
 
 
 def run_cocotb(name, component, test_module, *, test_dir, testcase=None, env=None,
-               waves=False, build_args=()):
+               waves=False, build_args=(), params=None):
     """Build module ``name`` from ``component`` and run cocotb ``test_module`` against it.
 
     ``test_dir`` is the folder holding the test module. ``env`` passes parameters to the cocotb
     side (environment variables, e.g. the width). With ``waves`` a trace is written into the build
     folder (FST when the lz4 headers are installed, else VCD); its path is returned with the
-    number of tests run. ``build_args`` go to Verilator.
+    number of tests run. ``build_args`` go to Verilator; ``params`` to :func:`write_verilog`.
     """
     from cocotb_tools.check_results import get_results
     from cocotb_tools.runner import get_runner
 
     toolchain.setup()
-    source = write_verilog(name, component)
+    source = write_verilog(name, component, params=params)
     fst = waves and toolchain.have_fst()
     build_dir = toolchain.BUILD / "cocotb" / (name + ("-waves" if waves else ""))
     runner = get_runner("verilator")
@@ -133,7 +133,8 @@ def run_cocotb(name, component, test_module, *, test_dir, testcase=None, env=Non
 def verilate(name, sources, build_dir, output, *, headers=(), cflags=(), ldflags=(),
              args=()) -> Path:
     """Build module ``name`` natively: ``sources`` (its Verilog and C++ files) into
-    ``build_dir/output`` with ``verilator --cc --exe --build``, at full optimisation.
+    ``build_dir/output`` with ``verilator --cc --exe --build``: the per-cycle code at -O2,
+    the code run once at -O0.
 
     ``headers`` are files the C++ sources include; ``cflags`` and ``ldflags`` go to the C++
     compiler and linker, ``args`` to Verilator. The build is skipped when the sources, headers
@@ -149,11 +150,14 @@ def verilate(name, sources, build_dir, output, *, headers=(), cflags=(), ldflags
         if binary.exists() and stamp.exists() and stamp.read_text() == digest:
             return binary
         build_dir.mkdir(parents=True, exist_ok=True)
+        # The code run once (construction, the first settling of every signal) is as large
+        # as the code run every cycle, and takes most of the compile time when optimised.
         cmd = ["verilator", "--cc", "--exe", "--build", "-j", "2", "-O3",
                "--x-assign", "fast", "--x-initial", "fast", "-Wno-fatal", *args,
                "--top-module", name, "--Mdir", str(build_dir), "-o", output,
-               "-CFLAGS", " ".join([*cflags, "-O2"]), *(["-LDFLAGS", " ".join(ldflags)]
-                                                       if ldflags else []),
+               "-MAKEFLAGS", "OPT_FAST=-O2 OPT_SLOW=-O0 OPT_GLOBAL=-O2",
+               "-CFLAGS", " ".join(cflags), *(["-LDFLAGS", " ".join(ldflags)]
+                                              if ldflags else []),
                *map(str, sources)]
         log = build_dir / "build.log"
         with open(log, "w") as f:
