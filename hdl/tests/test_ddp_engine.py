@@ -520,7 +520,9 @@ def _longest(n):
     return 300 if n > 1 else 60
 
 
-@pytest.mark.parametrize("n", [1, 8, 64])
+# Widths 1 and 8: at 64 these cases are width 8's (no markers, the same CRC choice), and
+# the 64-octet datapath's own cases are test_traffic's and the blocks' tests'.
+@pytest.mark.parametrize("n", [1, 8])
 @pytest.mark.parametrize("kind", VIOLATIONS)
 def test_violation(n, kind):
     """Each queue 0 violation after good traffic: the model's Terminate and completions, and
@@ -567,7 +569,9 @@ def _first_fpdu(case, scene):
     }[case]()
 
 
-@pytest.mark.parametrize("n", [1, 8, 64])
+# Widths 1 and 8: at 64 these cases are width 8's (no markers, the same CRC choice), and
+# the 64-octet datapath's own cases are test_traffic's and the blocks' tests'.
+@pytest.mark.parametrize("n", [1, 8])
 @pytest.mark.parametrize("case", list(RTR_CASES))
 def test_rtr(n, case):
     """A peer-to-peer Responder's first FPDU: the RTR agreed on lets the stream start (a Send
