@@ -223,9 +223,7 @@ class NicCore(wiring.Component):
             m.d.comb += [fence.i.valid.eq(source.valid), source.ready.eq(fence.i.ready)]
             return fence
 
-        # A client whose data waits on the others' reads (the send queue's next entry waits
-        # for the issuer, which waits for the payload of the entry before; an operand waits
-        # for the executor, which waits to send) gets its data a place before it reads.
+        # Clients whose data waits on the others' reads (see the class docstring).
         def reserved(source, k, beats, name):
             reserve = m.submodules[name] = ReadReserve(d, beats)
             wiring.connect(m, source, reserve.i_command)

@@ -26,7 +26,7 @@ from .runner import write_verilog
 from .tcppair import NODES, join_wire
 from .tcprig import CLOCK_HZ, PHY_BY_WIDTH, ip_int, mac_int
 
-__all__ = ["NicPair", "NicPairRig"]
+__all__ = ["NicPair", "NicPairRig", "core_params"]
 
 
 class NicPair(wiring.Component):
@@ -69,6 +69,13 @@ class NicPair(wiring.Component):
         return m
 
 
+def core_params(width, **core):
+    """What determines a NicCore's Verilog (:func:`~iwarp_tb.runner.write_verilog`'s
+    ``params``): with no ``core`` parameters, NicPairRig's NIC and the NicCore test's are one
+    file."""
+    return ("NicCore", width, sorted(core.items()))
+
+
 class NicPairRig:
     """A :class:`NicPair` of ``width`` bytes built natively, each NIC with its
     :class:`~iwarp_tb.driver.NicDevice` (:attr:`devices`, by letter) and host memory of
@@ -79,10 +86,9 @@ class NicPairRig:
     def __init__(self, width, *, seed=1, trace=None, memory_bytes=1 << 24, **core):
         params = ("NicPair", "instances", width, sorted(core.items()))
         suffix = f"_{hashlib.sha256(repr(params).encode()).hexdigest()[:8]}" if core else ""
-        # With no parameters, the NIC's module is the NicCore test's (the same params).
         nic = NicCore(width, **core)
         core_module = f"iwarp_nic_core_w{width}{suffix}"
-        source = write_verilog(core_module, nic, params=("NicCore", width, sorted(core.items())))
+        source = write_verilog(core_module, nic, params=core_params(width, **core))
         self.width = width
         self.h = Harness(f"iwarp_nic_pair_w{width}{suffix}",
                          NicPair(width, nic.signature, core_module),

@@ -176,9 +176,10 @@ async def send_queue_fetch(dut):
 @pytest.mark.cocotb
 def test_nic_core():
     from iwarp_nic.core import NicCore
+    from iwarp_tb.nicpair import core_params
     # Verilator orders logic per variable: the TCP transmitter's segment record, read in part
     # and written in part by one block, looks like a loop (UNOPTFLAT, a performance note, not a
     # lint finding; the native harness builds take it with -Wno-fatal).
     run_cocotb("iwarp_nic_core_w8", NicCore(8), "test_nic_core", test_dir=Path(__file__).parent,
                env={"IWARP_SEED": 1}, build_args=["-Wno-UNOPTFLAT"],
-               params=("NicCore", 8, []))   # NicPairRig's NIC: converted once for both
+               params=core_params(8))   # NicPairRig's NIC: converted once for both
