@@ -4,7 +4,8 @@
 #   make sim        the main job: a Verilator simulation with a report, a pcap and a waveform
 #   make test       the whole regression: model, Amaranth-simulator and cocotb/Verilator tiers
 #   make test-fast  the model and Amaranth-simulator tiers only (seconds)
-#   make bench      benchmarks -> build/bench/results.json and a table
+#   make bench      benchmarks -> build/bench/results.json and a table (BENCH="rdma_goodput ..."
+#                   runs those only)
 #   make verilog    every top-level module -> build/verilog/*.v, and build/include/iwarp_nic.h
 #   make lint       ruff, and verilator --lint-only -Wall on every top not part of another
 #   make bitstream BOARD=ecpix5   a board bitstream with utilisation and timing report
@@ -17,6 +18,7 @@ STAMP  := $(VENV)/.installed
 BOARD  ?= ecpix5
 JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 SIM_ARGS ?=
+BENCH  ?=
 VARIANT ?= stock
 
 # cocotb, Verilator and the yowasp tools find themselves through these (see iwarp_tb.toolchain).
@@ -44,7 +46,7 @@ sim: $(STAMP)
 	$(RUN) $(PY) -m iwarp_tb.sim $(SIM_ARGS)
 
 bench: $(STAMP)
-	$(RUN) $(PY) -m iwarp_tb.bench
+	$(RUN) $(PY) -m iwarp_tb.bench $(BENCH)
 
 verilog: $(STAMP)
 	$(RUN) $(PY) -m iwarp_nic verilog --out build/verilog

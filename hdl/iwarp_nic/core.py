@@ -101,7 +101,8 @@ class NicCore(wiring.Component):
         self._engine = ConnectionsEngine(data_bytes, conns=conns, stag_entries=stag_entries,
                                          pd_bits=pd_bits)
         self._control = HostControl(data_bytes, conns=conns, cqs=cqs, pd_bits=pd_bits,
-                                    stag_entries=stag_entries)
+                                    stag_entries=stag_entries, ird_max=self._engine.ird_max,
+                                    ord_max=self._engine.ord_depth)
         self._pins = {name: member for name, member in self._node.signature.members.items()
                       if name.startswith(_PHY_PREFIXES)}
         super().__init__({

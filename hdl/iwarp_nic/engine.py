@@ -15,6 +15,7 @@ violation of any of them becomes the stream's one Terminate.
 from amaranth import C, Cat, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.data import StructLayout
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from .ddp import ConnectionsReceiver, StreamReceiver, StreamSender
@@ -26,7 +27,7 @@ from .ddp.placement import (
 )
 from .ddp.stag import StagWrite
 from .errors import TerminateCode, Violation
-from .exact import eq, one_of, select, widened
+from .exact import eq, gt, one_of, select, widened
 from .headers import READ_REQUEST
 from .mpa import Decision, MpaNegotiator, Negotiated, NegotiationConfig, Outcome, Rtr
 from .mpa.deframer import ErrorKind
@@ -317,12 +318,24 @@ class ConnectionsEngine(wiring.Component):
     requested; a connection whose work must wait (ORD, fence, a Responder not yet started)
     gives it back rather than hold the shared send queue. Throughput and latency: the
     blocks'; from the MPA data phase on, one connection behaves as :class:`IwarpEngine`.
+
+    The received stream never waits for the sent one. The responses wait in a queue of
+    ``conns * ird_max`` entries (block RAM) for the scheduler: each holds an IRD credit until
+    it is handed over, so a peer within the IRD the host agreed (at most ``ird_max``; an
+    ``i_open`` asking more gives ``ird_max``, and requests beyond it are refused as beyond the
+    IRD) never fills it, and the responder never holds up the requests of the segments
+    behind. Without it the received stream, TCP's acknowledgements among them, would wait
+    for the responses to be sent, and they for those acknowledgements (RFC 6581 section 4:
+    the IRD is what the responder has room for).
     """
 
     def __init__(self, data_bytes, *, conns=16, ring_bytes=4096, max_chunk=1460,
-                 stag_entries=4096, pd_bits=16, ord_depth=32):
+                 stag_entries=4096, pd_bits=16, ord_depth=32, ird_max=8):
         self.data_bytes = n = check_data_bytes(data_bytes)
-        self.conns, self.pd_bits = conns, pd_bits
+        if not isinstance(ird_max, int) or not 1 <= ird_max <= 255:
+            raise ValueError(f"ird_max must be an integer from 1 to 255, not {ird_max!r}")
+        self.conns, self.pd_bits, self.ird_max, self.ord_depth = conns, pd_bits, ird_max, \
+            ord_depth
         self._receiver = ConnectionsReceiver(
             n, conns=conns, ring_bytes=ring_bytes, max_chunk=max_chunk,
             stag_entries=stag_entries, pd_bits=pd_bits, ord_depth=ord_depth)
@@ -377,7 +390,8 @@ class ConnectionsEngine(wiring.Component):
                      rx.i_open.payload.rtr.eq(Mux(open_payload.initiator, Rtr.NONE,
                                                   open_payload.rtr)),
                      iss.i_open.payload.ord.eq(open_payload.ord),
-                     resp.i_open.payload.ird.eq(_ird_credits(open_payload.ird)),
+                     resp.i_open.payload.ird.eq(_ird_credits(open_payload.ird,
+                                                             self.ird_max)),
                      resp.i_open.payload.pd.eq(open_payload.pd),
                      tx.i_open.payload.max_ulpdu.eq(open_payload.max_ulpdu),
                      tx.i_open.payload.crc.eq(open_payload.crc),
@@ -417,8 +431,14 @@ class ConnectionsEngine(wiring.Component):
         wiring.connect(m, iss.o_outstanding, rx.i_push)
         m.d.comb += [rx.count_conn.eq(iss.outstanding_conn),
                      iss.outstanding.eq(widened(m, rx.count, 14, "outstanding_count"))]
-        wiring.connect(m, resp.o_response, sch.i_response)
-        m.d.comb += [resp.done.eq(sch.response_sent), resp.done_inline.eq(sch.response_inline),
+        response, queued = resp.o_response, sch.i_response
+        m.submodules.responses = responses = SyncFIFOBuffered(
+            width=response.payload.shape().size, depth=self.conns * self.ird_max)
+        m.d.comb += [responses.w_data.eq(response.payload), responses.w_en.eq(response.valid),
+                     response.ready.eq(responses.w_rdy),
+                     queued.payload.eq(responses.r_data), queued.valid.eq(responses.r_rdy),
+                     responses.r_en.eq(queued.ready),
+                     resp.done.eq(sch.response_sent), resp.done_inline.eq(sch.response_inline),
                      resp.done_conn.eq(sch.response_conn)]
         wiring.connect(m, sch.o_message, tx.i_message)
         wiring.connect(m, tx.o_fetch, sch.i_fetch)
@@ -447,10 +467,10 @@ def _atomic_name(name):
     return f"{name[:2]}atomic_{name[2:]}"
 
 
-def _ird_credits(ird):
+def _ird_credits(ird, most=0xFF):
     """The Read and Atomic Requests the responder takes outstanding: the IRD agreed, at most
-    255 (its counts are 8 bits)."""
-    return Mux(ird[8:].any(), 0xFF, ird[:8])
+    ``most`` (255 at most: its counts are 8 bits)."""
+    return Mux(gt(ird, most), most, ird[:8])
 
 
 def _rtr_first(m, work, host_work, rtr, source, allowed, conn=None):

@@ -395,7 +395,7 @@ def test_traffic(n, crc, markers):
     """Every queue 0 opcode, cut into segments of random sizes, between RDMA Writes: placed,
     completed and invalidated as the model does, with no Terminate."""
     scene = Scene(random.Random(n * 2 + crc), crc=crc, markers=markers)
-    ulpdus = traffic(scene, 8 if n == 1 else 24)
+    ulpdus = traffic(scene, 8, longest=600) if n == 1 else traffic(scene, 24)
     wcs, terminate, _ = simulate(n, scene, ulpdus, crc=crc, markers=markers, seed=n)
     assert terminate is None and len(wcs) == len(scene.receives) + len(scene.outstanding)
     assert {wc.wc_flags for wc, _ in wcs} >= {verbs.WcFlags.WITH_IMM, verbs.WcFlags.WITH_INV}
@@ -723,7 +723,7 @@ def test_connections(n):
     def scene(rtr=None):
         return Scene(rng, crc=True, markers=False, rtr=rtr, dev=dev, host=host)
 
-    count = 3 if n == 1 else 8
+    count, longest = (3, 200) if n == 1 else (8, 1500)      # one octet a beat: shorter
     first = {conn: scene() for conn in (0, 5, 9)}
     first[15] = scene(Rtr.SEND)
     send_rtr = Segment(Opcode.SEND, b"", msn=1).encode()
@@ -732,7 +732,7 @@ def test_connections(n):
     # A peer-to-peer Responder whose first FPDU is not the RTR it awaits.
     case = rng.choice([case for case, (_, matches) in RTR_CASES.items() if not matches])
     first[3] = scene(RTR_CASES[case][0])
-    streams = {conn: traffic(s, count, longest=1500) for conn, s in first.items()}
+    streams = {conn: traffic(s, count, longest=longest) for conn, s in first.items()}
     streams[15].insert(0, send_rtr)
     streams[3].insert(0, _first_fpdu(case, first[3]))
     awaited = {15: Rtr.SEND, 3: RTR_CASES[case][0]}
@@ -741,7 +741,7 @@ def test_connections(n):
         streams[conn] += bad + [first[conn].write(rng.randrange(1, 300))]
     again = scene()
     phases = [{conn: (s, streams[conn], awaited.get(conn)) for conn, s in first.items()},
-              {5: (again, traffic(again, count, longest=1500), None)}]
+              {5: (again, traffic(again, count, longest=longest), None)}]
     models, started = simulate_connections(n, phases, conns=16, seed=n)
     terminates = {conn: t for conn, (_, t) in models[0].items()}
     assert {conn for conn, t in terminates.items() if t is not None} == {3, 5, 9}
@@ -862,8 +862,8 @@ def test_receive_path(n):
     markers = {2: True, 7: False, 11: False, 13: True}
     scenes = {conn: Scene(rng, crc=crc[conn], markers=markers[conn], dev=dev, host=host)
               for conn in crc}
-    count = 2 if n == 1 else 6
-    streams = {conn: [scene, traffic(scene, count, longest=1200)]
+    count, longest = (2, 300) if n == 1 else (6, 1200)      # one octet a beat: shorter
+    streams = {conn: [scene, traffic(scene, count, longest=longest)]
                for conn, scene in scenes.items()}
     bad, code = _violation(rng.choice(VIOLATIONS), scenes[7])
     streams[7][1] += bad + [scenes[7].write(50)]

@@ -63,7 +63,7 @@ class Host:
 
 def test_registers_and_commands():
     rng = random.Random(1)
-    dut = HostControl(8, conns=CONNS, cqs=CQS)
+    dut = HostControl(8, conns=CONNS, cqs=CQS, ird_max=5, ord_max=17)
     got = {name: [] for names in PORTS.values() for name in names}
     wanted = {name: [] for name in got}
     layouts = dut.commands
@@ -73,6 +73,8 @@ def test_registers_and_commands():
         assert (await h.read("id"), await h.read("version")) == (MAGIC, VERSION)
         features = h.map["features"].decode(await h.read("features"))
         assert features == {"conns": CONNS, "cqs": CQS, "data_bytes": 8}
+        limits = h.map["limits"].decode(await h.read("limits"))
+        assert limits == {"ird": 5, "ord": 17}
         await h.write("mac_lo", 0x5566_7788)
         await h.write("mac_hi", 0x1122)
         await h.write("ip", 0xC000_0201)

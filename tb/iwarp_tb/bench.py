@@ -57,11 +57,26 @@ Benchmarks so far:
   RX and TX chains, and the RDMAP Terminate emitter and parser and Read responder (LUT4, FF;
   Fmax against 156.25 MHz). The MPA + DDP + RDMAP core will be fitted as one once it is
   assembled.
+* RDMA goodput between two NICs (:class:`~iwarp_tb.nicpair.NicPairRig`: two
+  :class:`~iwarp_nic.core.NicCore` back to back, each driven by the verbs driver, host memory
+  answering after 100 ns) at 1 and 8 bytes, one queue pair: batches of Writes, Reads and
+  Sends of 64 octets to 1 MiB in both directions at once (:class:`~iwarp_tb.rdma_run.RdmaRun`,
+  every octet and completion checked), from the first doorbell to the last completion. Per
+  direction in Gb/s, and as a fraction of the wire's ceiling for that message size
+  (:func:`iwarp_tb.sim.ceiling`: what Ethernet, IPv4, TCP, MPA, DDP and RDMAP leave of the
+  line); P1, the goal 0.99, applies from 64 KiB.
+* RDMA latency: one 8-octet Write, Send and Read on an idle line, from the doorbell write to
+  the last octet in the target's host memory, the best of three, in cycles and ns; P2, the
+  goal 600 ns, is the Write's at 8 bytes.
+
+Records carry the benchmark that made them (``bench``); ``make bench BENCH="rdma_goodput
+rdma_latency"`` runs those alone and keeps the other records of the results file.
 """
 
 import json
 import random
 import sys
+import time
 
 from . import toolchain
 from .beats import to_columns
@@ -785,9 +800,82 @@ def tx_chain():
                      round(4096 * 200 / (width * cycles), 4), "fraction")
 
 
+#: Message sizes of the RDMA goodput records, and the octets each point moves at least (each
+#: way): enough messages that the first one's latency is a small part of the batch.
+RDMA_SIZES = (64, 512, 4096, 65536, 1 << 20)
+RDMA_OCTETS = {1: 1 << 18, 8: 1 << 20}
+#: Host memory latency of the RDMA records: 100 ns.
+HOST_LATENCY_NS = 100
+
+
+def _rdma_rig(width, size):
+    from .nicpair import NicPairRig
+    from .rdma_run import RdmaRun
+
+    rig = NicPairRig(width, seed=width, memory_bytes=max(1 << 24, 8 * size))
+    for k, device in enumerate(rig.devices.values()):
+        device.memory.configure(latency=round(HOST_LATENCY_NS * CLOCK_MHZ[width] / 1000),
+                                seed=k)
+    return rig, RdmaRun(rig, flows=1, size=size, seed=width, slice_cycles=64)
+
+
+def rdma_goodput():
+    """Goodput of Writes, Reads and Sends between two NICs, both directions at once, against
+    the message size; P1 (goal 0.99 of the wire's ceiling) for 64 KiB and more."""
+    from .sim import ceiling
+
+    for width in (1, 8):
+        rig, run = _rdma_rig(width, max(RDMA_SIZES))
+        mhz = CLOCK_MHZ[width]
+        try:
+            started, cycles = time.monotonic(), rig.h.cycle
+            for op in ("write", "read", "send"):
+                for size in RDMA_SIZES:
+                    count = max(2, min(RDMA_OCTETS[width] // size, 128))
+                    batch = run.batch(op, count, length=size, directions=("a", "b"))
+                    if run.errors:
+                        raise AssertionError(run.errors)
+                    config = (f"{width} B/beat, {mhz} MHz, {op} of {size} B, {count} each way "
+                              f"at once, two NicCores back to back, host memory latency "
+                              f"{HOST_LATENCY_NS} ns")
+                    gbps = batch.bytes_per_cycle * 8 * mhz / 1000 / 2
+                    yield record("RDMA goodput per direction", config, round(gbps, 3), "Gb/s")
+                    share = batch.bytes_per_cycle / 2 / (width * ceiling(op, size))
+                    yield record("RDMA goodput / wire ceiling" + (" (P1)" if size >= 65536
+                                                                   else ""),
+                                 config, round(share, 4), "fraction",
+                                 0.99 if size >= 65536 else None)
+            speed = (rig.h.cycle - cycles) / (time.monotonic() - started)
+            yield record("simulator speed", f"{width} B/beat, two NicCores, native Verilator "
+                         "harness, RDMA goodput runs", round(speed), "cycles/s")
+        finally:
+            rig.close()
+
+
+def rdma_latency():
+    """One 8-octet Write, Send and Read on an idle line, doorbell to the last octet in the
+    target's host memory; P2 (600 ns) for the Write at 8 bytes."""
+    for width in (1, 8):
+        rig, run = _rdma_rig(width, 4096)
+        mhz = CLOCK_MHZ[width]
+        try:
+            for op in ("write", "send", "read"):
+                cycles = min(run.latency(op) for _ in range(3))
+                config = (f"{width} B/beat, {mhz} MHz, 8-octet {op}, from the doorbell write "
+                          f"to the last octet in the {'local' if op == 'read' else 'remote'} "
+                          f"host memory, host memory latency {HOST_LATENCY_NS} ns")
+                yield record("RDMA latency", config, cycles, "cycles")
+                p2 = width == 8 and op == "write"
+                yield record("RDMA latency" + (" (P2)" if p2 else ""), config,
+                             round(cycles * 1000 / mhz, 1), "ns", 600 if p2 else None,
+                             higher_is_better=False)
+        finally:
+            rig.close()
+
+
 BENCHMARKS = [crc_engines, crc_fits, tcp_goodput, tcp_latency, mpa_deframer, frame_gather,
               mpa_receiver, receive_path, rx_chain,
-              tx_chain, iwarp_fits]
+              tx_chain, iwarp_fits, rdma_goodput, rdma_latency]
 
 
 def table(records):
@@ -800,11 +888,22 @@ def table(records):
     return "\n".join(lines)
 
 
-def main():
+def main(argv=None):
+    """Run the benchmarks named in ``argv`` (all by default). Each record names its
+    benchmark (``bench``); the records of the others already in the results file are kept."""
+    names = {bench.__name__: bench for bench in BENCHMARKS}
+    chosen = list(argv if argv is not None else sys.argv[1:]) or list(names)
+    unknown = [name for name in chosen if name not in names]
+    if unknown:
+        print(f"unknown benchmarks {unknown}: choose from {', '.join(names)}", file=sys.stderr)
+        return 2
     toolchain.setup()
-    records = [r for bench in BENCHMARKS for r in bench()]
+    records = [{**r, "bench": name} for name in chosen for r in names[name]()]
+    kept = []
+    if RESULTS.exists() and len(chosen) < len(names):
+        kept = [r for r in json.loads(RESULTS.read_text()) if r.get("bench") not in chosen]
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(records, indent=1) + "\n")
+    RESULTS.write_text(json.dumps(kept + records, indent=1) + "\n")
     print(table(records))
     missed = sum(r["meets"] is False for r in records)
     print(f"\n{len(records)} records, {missed} goals missed -> {RESULTS}")

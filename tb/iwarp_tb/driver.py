@@ -403,7 +403,9 @@ class NicDevice:
     """The NIC whose registers are ``h.registers(prefix + "s_axil")`` and host memory
     ``h.memory(prefix + "m_axi")``, with Ethernet address ``mac`` and IPv4 address ``ip``
     (integers) and TCP keys from ``seed``. Host memory from ``heap`` (base, size) is handed
-    out by :meth:`alloc`."""
+    out by :meth:`alloc`. The NIC's sizes are read from its registers: :attr:`conns`,
+    :attr:`cqs`, and the largest IRD and ORD a queue pair may have (:attr:`max_ird`,
+    :attr:`max_ord`)."""
 
     def __init__(self, h, *, mac, ip, prefix="", seed=1, heap=(1 << 16, 1 << 23)):
         self.h, self.mac, self.ip = h, mac, ip
@@ -415,6 +417,8 @@ class NicDevice:
         features = self.map["features"].decode(self.read("features"))
         self.conns, self.cqs = features["conns"], features["cqs"]
         self.map = nic_map(conns=self.conns, cqs=self.cqs)
+        limits = self.map["limits"].decode(self.read("limits"))
+        self.max_ird, self.max_ord = limits["ird"], limits["ord"]
         self.layouts = command_layouts(conns=self.conns, cqs=self.cqs, pd_bits=16,
                                        stag_entries=4096)
         self.write("mac", mac)
@@ -522,6 +526,11 @@ class NicDevice:
         qp_num = next((k for k in range(self.conns) if k not in self.qps), None)
         if qp_num is None:
             raise ResourceLimitError(f"the NIC has {self.conns} queue pairs")
+        if max_dest_rd_atomic > self.max_ird or max_rd_atomic > self.max_ord:
+            raise ResourceLimitError(
+                f"max_dest_rd_atomic {max_dest_rd_atomic} and max_rd_atomic {max_rd_atomic}: "
+                f"the NIC takes an IRD of at most {self.max_ird}, an ORD of at most "
+                f"{self.max_ord}")
         qp = NicQp(self, qp_num, pd, send_cq, recv_cq, max_send_wr=max_send_wr,
                    max_recv_wr=max_recv_wr, max_rd_atomic=max_rd_atomic,
                    max_dest_rd_atomic=max_dest_rd_atomic)

@@ -150,12 +150,11 @@ def verilate(name, sources, build_dir, output, *, headers=(), cflags=(), ldflags
         if binary.exists() and stamp.exists() and stamp.read_text() == digest:
             return binary
         build_dir.mkdir(parents=True, exist_ok=True)
-        # The code run once (construction, the first settling of every signal) is as large
-        # as the code run every cycle, and takes most of the compile time when optimised.
+        # The code run every cycle at -O2 (the code run once: toolchain.setup's MAKEFLAGS).
         cmd = ["verilator", "--cc", "--exe", "--build", "-j", "2", "-O3",
                "--x-assign", "fast", "--x-initial", "fast", "-Wno-fatal", *args,
                "--top-module", name, "--Mdir", str(build_dir), "-o", output,
-               "-MAKEFLAGS", "OPT_FAST=-O2 OPT_SLOW=-O0 OPT_GLOBAL=-O2",
+               "-MAKEFLAGS", "OPT_FAST=-O2 OPT_GLOBAL=-O2",
                "-CFLAGS", " ".join(cflags), *(["-LDFLAGS", " ".join(ldflags)]
                                               if ldflags else []),
                *map(str, sources)]

@@ -1,148 +1,237 @@
-"""``make sim``: the project's main simulation job.
+"""``make sim``: the project's main simulation job, two NICs doing RDMA.
 
-Until the NIC exists, it runs both CRC engines as generated Verilog under Verilator on a train of
-Ethernet/IPv4/TCP frames built by scapy: the CRC32 engine computes every frame's FCS and the
-CRC32c engine every TCP payload's MPA-style CRC. It checks each result against the model, writes
-the frames with their hardware FCS to ``build/sim/run.pcap`` (Wireshark checks the FCS), writes a
-waveform per engine, and prints a report: packets, bytes, cycles, bytes per cycle, Gb/s at the
-width's nominal clock, latency. Exit status 1 on any mismatch.
+Two :class:`~iwarp_nic.core.NicCore` back to back over a simulated link
+(:class:`~iwarp_tb.nicpair.NicPair`, Verilated natively), each driven by the verbs driver
+(:mod:`iwarp_tb.driver`) through its registers, with host memory answering after a latency.
+It opens ``--qps`` connections (TCP, then the MPA exchange), then runs, on every connection,
+a batch of each operation of ``--ops`` one way, then both ways at once: RDMA Writes (the last
+with Immediate Data), Sends, Reads of ``--size`` octets, fetch-and-adds, Immediate Data. Then
+single 8-byte Writes, Sends and Reads on an idle line for latency. Every octet and every
+completion is checked (:mod:`iwarp_tb.rdma_run`).
 
-``python -m iwarp_tb.sim --width 8 --packets 300 --seed 1`` (``make sim SIM_ARGS="..."``).
+It prints a report: per batch the operations, octets, cycles, goodput in Gb/s at the width's
+nominal clock and as a fraction of the wire's ceiling for that message (what is left of the
+line rate once Ethernet, IPv4, TCP, MPA, DDP and RDMAP take their share), latencies in
+cycles and ns, TCP retransmissions seen on the wire, errors. The frames on the wire go to
+``build/sim/run.pcap`` (read back by tshark when it is installed, which must find every
+FPDU's CRC good and each RDMAP message the run sent), the waveform to
+``build/sim/run.fst``. Exit status 1 on any error.
+
+``python -m iwarp_tb.sim --width 8 --size 65536 --count 8 --qps 2 --ops write,read,send``
+(``make sim SIM_ARGS="..."``).
 """
 
 import argparse
-import json
-import random
-import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
-import iwarp_model
 from iwarp_model.pcap import PcapWriter
+from iwarp_model.wire.fpdu import mulpdu
 
 from . import facilities, toolchain
-from .runner import run_cocotb
-from .sim_train import write_train
+from .nicpair import NicPairRig
+from .rdma_run import OPS, RdmaRun
 
 #: Nominal core clock per width, for Gb/s figures: 1 byte at 125 MHz is 1G, 8 bytes at
 #: 156.25 MHz is 10G; 64 bytes at 322.265625 MHz is the usual 100G MAC user clock.
 CLOCK_MHZ = {1: 125.0, 2: 125.0, 4: 156.25, 8: 156.25, 16: 156.25, 32: 250.0, 64: 322.265625}
-#: TCP port of the train's frames: rping's default, as the NIC's first peer will use.
-RPING_PORT = 7174
+#: Octets of a frame on the line besides the TCP payload: preamble and SFD 8, Ethernet header
+#: 14, IPv4 20, TCP 20, FCS 4, inter-frame gap 12.
+FRAME_OVERHEAD = 8 + 14 + 20 + 20 + 4 + 12
+MSS = 1460
+#: DDP and RDMAP header octets of a tagged (Write, Read Response) and an untagged (Send)
+#: segment: RFC 5041 sections 4.2 and 4.3 with RFC 5040 section 4.2.
+TAGGED, UNTAGGED = 14, 18
 
 
-def frame_train(count, rng):
-    """Ethernet/IPv4/TCP frames of random sizes (60..1514 bytes without FCS)."""
-    from scapy.layers.inet import IP, TCP
-    from scapy.layers.l2 import Ether
-
-    frames = []
-    for i in range(count):
-        size = rng.choice([6, 64, 512, 1460, rng.randint(6, 1460)])
-        pkt = (Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
-               / IP(src="192.0.2.1", dst="192.0.2.2", id=i)
-               / TCP(sport=49152, dport=RPING_PORT, seq=1 + 1460 * i, flags="PA")
-               / rng.randbytes(size))
-        frames.append(bytes(pkt))
-    return frames
+def segments(op, size, *, markers=False):
+    """The DDP segments of one message of ``size`` octets (at least one)."""
+    header = TAGGED if op in ("write", "read") else UNTAGGED
+    return max(1, -(-size // (mulpdu(MSS, markers=markers) - header)))
 
 
-def tcp_payload(frame):
-    return frame[14 + 20 + 20:]
+def expected_opcodes(batches, latencies, qps):
+    """The RDMAP messages the run puts on the wire, by tshark's names (Immediate Data is
+    "Unknown" to tshark 4.0)."""
+    count = Counter()
+    for b in batches:
+        n = b.count * qps * len(b.directions)
+        if b.op in ("write", "send", "read"):
+            name = {"write": "Write", "send": "Send", "read": "Read Response"}[b.op]
+            count[name] += n * segments(b.op, b.size)
+        count.update({"write": {"Unknown": qps * len(b.directions)},
+                      "read": {"Read Request": n},
+                      "atomic": {"Atomic Request": n, "Atomic Response": n},
+                      "imm": {"Unknown": n}}.get(b.op, {}))
+    for op in latencies:
+        count.update({"write": ["Write"], "send": ["Send"],
+                      "read": ["Read Request", "Read Response"]}[op])
+    return count
 
 
-def run_engine(name, factory, width, packets, out_dir):
-    from iwarp_nic.crc import CRC32CEngine, CRC32Engine
+def ceiling(op, size, *, crc=True, markers=False):
+    """The fraction of the line rate an ``op`` of ``size`` octets can carry as payload: each
+    segment's payload over the line octets of its frame (MULPDU of the MSS, RFC 5044 section
+    4.5; an FPDU's 2 octets of length, its CRC and pad)."""
+    header = TAGGED if op in ("write", "read") else UNTAGGED
+    room = mulpdu(MSS, markers=markers) - header
+    frames = segments(op, size, markers=markers)
+    line = 0
+    left = size
+    for _ in range(frames):
+        payload = min(room, left)
+        left -= payload
+        fpdu = 2 + header + payload
+        fpdu += -fpdu % 4 + (4 if crc else 0)
+        line += fpdu + FRAME_OVERHEAD
+    return size / line
 
-    engine = {"crc32": CRC32Engine, "crc32c": CRC32CEngine}[factory](width)
-    train, results = out_dir / f"{name}.train", out_dir / f"{name}.json"
-    write_train(train, packets)
-    started = time.monotonic()
-    _, trace = run_cocotb(f"iwarp_{factory}_w{width}", engine, "iwarp_tb.sim_train",
-                          test_dir=Path(__file__).parent, waves=True,
-                          env={"WIDTH": width, "TRAIN": train, "RESULTS": results,
-                               "PERIOD_PS": round(1e6 / CLOCK_MHZ[width])})
-    wave = out_dir / f"{name}{trace.suffix}"
-    wave.write_bytes(trace.read_bytes())
-    data = json.loads(results.read_text())
-    data.update(engine=engine, wave=wave, seconds=time.monotonic() - started)
-    return data
+
+def retransmissions(frames):
+    """TCP segments with data whose sequence range was seen before, per direction."""
+    seen, count = {}, 0
+    for frame in frames:
+        raw = bytes(frame)
+        if len(raw) < 54 or raw[12:14] != b"\x08\x00" or raw[23] != 6:
+            continue
+        ihl = (raw[14] & 0xF) * 4
+        tcp = 14 + ihl
+        total = int.from_bytes(raw[16:18], "big")
+        data = total - ihl - (raw[tcp + 12] >> 4) * 4
+        if data <= 0:
+            continue
+        flow = raw[26:34] + raw[tcp:tcp + 4]
+        seq = int.from_bytes(raw[tcp + 4:tcp + 8], "big")
+        end = seen.get(flow)
+        if end is not None and (seq - end) % (1 << 32) >= 1 << 31:
+            count += 1
+        seen[flow] = seq + data if end is None or (seq + data - end) % (1 << 32) < 1 << 31 \
+            else end
+    return count
 
 
-def tshark_fcs(pcap):
-    """Count frames tshark finds with good and bad FCS, or None without tshark."""
+def write_pcap(path, frames, clock_mhz):
+    with PcapWriter(path) as writer:
+        for frame in sorted(frames, key=lambda f: f.cycle):
+            writer.write(bytes(frame), round(frame.cycle * 1000 / clock_mhz))
+
+
+def tshark_summary(path):
+    """``(good CRCs, bad CRCs, RDMAP opcodes by tshark's names)``, or None without tshark."""
     if facilities.tshark():
         return None
-    done = subprocess.run(["tshark", "-n", "-r", str(pcap), "-o", "eth.check_fcs:TRUE",
-                           "-T", "fields", "-e", "eth.fcs.status"],
-                          capture_output=True, text=True, check=True)
-    status = done.stdout.split()
-    return status.count("1"), status.count("0")
+    from . import tshark
+    root, _ = tshark.decode(path)
+    checks = [f.get("showname") for f in tshark.fields(root, "iwarp_mpa.crc_check")]
+    good = sum("(Good CRC32)" in check for check in checks)
+    return good, len(checks) - good, tshark.rdmap_opcodes(root)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="make sim", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--width", type=int, default=8, choices=sorted(CLOCK_MHZ),
-                        help="datapath bytes per beat (default 8: 10G at 156.25 MHz)")
-    parser.add_argument("--packets", type=int, default=300, help="frames in the train")
+    parser.add_argument("--width", type=int, default=8, choices=(1, 8),
+                        help="datapath bytes per beat (8: 10G at 156.25 MHz, 1: 1G at 125 MHz)")
+    parser.add_argument("--size", type=int, default=16384, help="octets per message")
+    parser.add_argument("--count", type=int, default=8, help="messages per batch")
+    parser.add_argument("--qps", type=int, default=2, help="connections (queue pairs)")
+    parser.add_argument("--ops", default=",".join(OPS),
+                        help=f"operations, comma-separated, of {', '.join(OPS)}")
+    parser.add_argument("--latency-ns", type=float, default=100.0,
+                        help="host memory latency")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--no-wave", action="store_true", help="no waveform (faster)")
     parser.add_argument("--out", type=Path, default=toolchain.BUILD / "sim")
     args = parser.parse_args(argv)
+    ops = args.ops.split(",")
+    unknown = set(ops) - set(OPS)
+    if unknown:
+        parser.error(f"unknown operations {sorted(unknown)}: choose from {', '.join(OPS)}")
 
     toolchain.setup()
     args.out.mkdir(parents=True, exist_ok=True)
-    frames = frame_train(args.packets, random.Random(args.seed))
-    payloads = [tcp_payload(f) for f in frames]
     mhz = CLOCK_MHZ[args.width]
-    runs = {
-        "crc32 (Ethernet FCS)": ("crc32", frames, iwarp_model.crc32),
-        "crc32c (MPA CRC)": ("crc32c", payloads, iwarp_model.crc32c),
-    }
-    print(f"Simulating the CRC engines at {args.width} bytes/beat, {mhz} MHz nominal "
-          f"(Verilator {toolchain.verilator_version()}), {args.packets} frames, seed {args.seed}")
-    rows, failures, fcs = [], 0, None
-    for label, (factory, packets, model) in runs.items():
-        r = run_engine(factory, factory, args.width, packets, args.out)
-        expected = [model(p) for p in packets]
-        wrong = sum(a != b for a, b in zip(r["crcs"], expected)) + abs(
-            len(expected) - len(r["crcs"]))
-        failures += wrong
-        total = sum(len(p) for p in packets)
-        cycles = r["out_cycles"][-1] - r["first_in_cycle"] + 1
-        latency = [o - i for i, o in zip(r["last_in_cycles"], r["out_cycles"])]
-        rows.append((label, len(packets), total, cycles, total / cycles,
-                     total * 8 * mhz / cycles / 1000, max(latency), wrong, r["wave"]))
-        if factory == "crc32":
-            fcs = r["crcs"]
+    wave = None if args.no_wave else args.out / "run.fst"
+    started = time.monotonic()
+    print(f"Two NICs at {args.width} bytes/beat, {mhz} MHz nominal, back to back "
+          f"(Verilator {toolchain.verilator_version()}); {args.qps} queue pairs, "
+          f"{args.count} x {args.size} octets per batch, host memory latency "
+          f"{args.latency_ns:g} ns, seed {args.seed}")
+    rig = NicPairRig(args.width, seed=args.seed, trace=wave)
+    built = time.monotonic()
+    for k, device in enumerate(rig.devices.values()):
+        device.memory.configure(latency=round(args.latency_ns * mhz / 1000), seed=k)
+    run = RdmaRun(rig, flows=args.qps, size=args.size, seed=args.seed)
+    rows = []
+    for op in ops:
+        for directions in (("a",), ("a", "b")):
+            rows.append(run.batch(op, args.count, directions=directions))
+    latencies = {op: run.latency(op) for op in ("write", "send", "read")}
+    frames = rig.frames()
+    cycles = rig.h.cycle
+    violations = {nic: d.memory.violations() + d.memory.faults()
+                  for nic, d in rig.devices.items()}
+    errors = list(run.errors)
+    for qp_sides in run.flows:
+        for nic, side in qp_sides.items():
+            if side.qp.reason:
+                errors.append(f"{nic} QP {side.qp.qp_num}: {side.qp.reason}")
+    for nic, found in violations.items():
+        errors += [f"{nic} host memory: {v}" for v in found[:5]]
+    rig.close()
 
+    head = ("operation", "dir", "count", "octets", "cycles", "B/cycle", "Gb/s", "ceiling",
+            "of ceil")
+    print(f"\n{head[0]:<10}{head[1]:>5}" + "".join(f"{h:>10}" for h in head[2:]))
+    for b in rows:
+        gbps = b.payload * 8 * mhz / b.cycles / 1000
+        line = args.width * 8 * mhz / 1000
+        if b.payload:
+            ceil = ceiling(b.op, b.size) * line * len(b.directions)
+            share = f"{gbps / ceil:>10.3f}"
+            ceil_text = f"{ceil:>10.2f}"
+        else:
+            share = ceil_text = f"{'-':>10}"
+        print(f"{b.op:<10}{'+'.join(b.directions):>5}{b.count * args.qps:>10}{b.payload:>10}"
+              f"{b.cycles:>10}{b.bytes_per_cycle:>10.3f}{gbps:>10.2f}{ceil_text}{share}")
+    print("\n(Gb/s: payload goodput of all queue pairs together at the nominal clock; ceiling: "
+          "what the links in the batch's directions can carry of that message's payload; "
+          "a batch runs from its first doorbell to its last completion)")
+    for op, c in latencies.items():
+        print(f"latency   8-octet {op:<6} {c:>5} cycles {c * 1000 / mhz:>8.1f} ns "
+              "(doorbell to the last octet in the target's host memory)")
     pcap = args.out / "run.pcap"
-    ns_per_byte = 1000 / (mhz * args.width)
-    with PcapWriter(pcap, fcs=True) as writer:
-        t = 0
-        for frame, crc in zip(frames, fcs):
-            writer.write(frame + crc.to_bytes(4, "little"), round(t))
-            t += (len(frame) + 4 + 20) * ns_per_byte  # FCS, preamble+SFD and inter-frame gap
-
-    head = ("engine", "packets", "bytes", "cycles", "B/cycle", "Gb/s", "latency", "wrong")
-    print(f"\n{head[0]:<22}" + "".join(f"{h:>10}" for h in head[1:]))
-    for label, n, total, cycles, bpc, gbps, lat, wrong, _ in rows:
-        print(f"{label:<22}{n:>10}{total:>10}{cycles:>10}{bpc:>10.3f}{gbps:>10.2f}"
-              f"{lat:>10}{wrong:>10}")
-    print(f"\n(B/cycle: bytes per clock cycle, {args.width} is one full beat every cycle; "
-          f"latency: cycles from a packet's last beat to its CRC)")
-    verdict = tshark_fcs(pcap)
-    note = ("tshark not installed: FCS not cross-checked" if verdict is None
-            else f"tshark: {verdict[0]} good FCS, {verdict[1]} bad")
-    print(f"pcap:      {pcap} ({len(frames)} frames with the engine's FCS; {note})")
-    for row in rows:
-        print(f"waveform:  {row[-1]}")
-    if verdict is not None and (verdict[0] != len(frames) or verdict[1]):
-        failures += 1
-    print("RESULT: " + ("PASS, every CRC equals the model's" if not failures
-                        else f"FAIL, {failures} mismatches"))
-    return 1 if failures else 0
+    write_pcap(pcap, frames, mhz)
+    print(f"retransmissions: {retransmissions(frames)}; frames on the wire: {len(frames)}; "
+          f"cycles simulated: {cycles} ({cycles / max(time.monotonic() - built, 1e-9):,.0f}"
+          " per second of this machine)")
+    summary = tshark_summary(pcap)
+    if summary is None:
+        note = "tshark not installed: not cross-checked"
+    else:
+        good, bad, opcodes = summary
+        note = (f"tshark: {good} FPDUs with a good CRC, {bad} bad; RDMAP "
+                + ", ".join(f"{name} {n}" for name, n in sorted(opcodes.items())))
+        if bad or not good:
+            errors.append(f"tshark: {bad} bad CRCs of {good + bad}")
+        wanted = expected_opcodes(rows, latencies, args.qps)
+        if opcodes != wanted:
+            errors.append(f"tshark's RDMAP messages {dict(opcodes)}, not {dict(wanted)}")
+        if any(f.err for f in frames):
+            errors.append("frames with a bad FCS or a PHY error on the wire")
+    print(f"pcap:      {pcap} ({len(frames)} frames; {note})")
+    if wave is not None:
+        print(f"waveform:  {rig.h.trace}")
+    print(f"errors:    {len(errors)}")
+    for error in errors[:20]:
+        print(f"  {error}")
+    print(f"({time.monotonic() - started:.0f} s)")
+    print("RESULT: " + ("PASS, every octet and completion checked" if not errors
+                        else f"FAIL, {len(errors)} errors"))
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":
     sys.exit(main())
+

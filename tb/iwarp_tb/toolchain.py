@@ -31,10 +31,12 @@ def setup() -> None:
     # The wheel's verilated.mk leaves the precompiled-header include flag empty, so the
     # generated makefiles name the PCH as a bare input file and some builds fail. Give make the
     # GCC flag as a command-line variable (variables in MAKEFLAGS count as command-line ones).
-    fix = "CFG_CXXFLAGS_PCH_I=-include"
-    flags = os.environ.get("MAKEFLAGS", "")
-    if fix not in flags:
-        os.environ["MAKEFLAGS"] = f"{flags} {fix}".strip()
+    # Every Verilator build (cocotb's and the native harness's) compiles the code run once
+    # (construction, the first settling of every signal) unoptimised: it is as large as the
+    # code run every cycle, and took most of the compile time when optimised.
+    flags = os.environ.get("MAKEFLAGS", "").split()
+    flags += [fix for fix in ("CFG_CXXFLAGS_PCH_I=-include", "OPT_SLOW=-O0") if fix not in flags]
+    os.environ["MAKEFLAGS"] = " ".join(flags)
 
 
 def verilator_version() -> str:

@@ -9,6 +9,9 @@ The oracle is the same work between two model ends (:func:`iwarp_tb.traffic.exch
 NIC's host memory must end as its model end's, its completions must be the same (opcode,
 ``wr_id``, status, length), and the shadow-memory checker must have seen no write outside a
 registered, writable region (nor any AXI protocol fault).
+
+Then all 16 connections at once, and messages of 0 octets and of 4 MiB, through
+:class:`~iwarp_tb.rdma_run.RdmaRun` (the workload of ``make sim``), under the same checks.
 """
 
 import random
@@ -17,6 +20,7 @@ import pytest
 
 from iwarp_model.verbs import QpState
 from iwarp_tb.nicpair import NODES, NicPairRig
+from iwarp_tb.rdma_run import OPS, RdmaRun
 from iwarp_tb.traffic import ALL, EVERY, End, exchange, kinds, plan
 
 
@@ -79,3 +83,53 @@ def test_rdma_between_nics(width, seed=5, count=60):
     finally:
         rig.close()
 
+
+def _random_memory(rig, rng, seed):
+    for k, device in enumerate(rig.devices.values()):
+        device.memory.configure(latency=rng.randrange(1, 40), stall=0.2, seed=seed + k)
+
+
+def _clean(rig, run):
+    assert run.errors == []
+    for nic, device in rig.devices.items():
+        assert device.memory.violations() == [], nic
+        assert device.memory.faults() == [], nic
+    for sides in run.flows:
+        for side in sides.values():
+            assert side.qp.state == QpState.RTS, side.qp.reason
+
+
+@pytest.mark.cocotb
+def test_sixteen_queue_pairs(seed=11):
+    """Every connection the NIC has (16), each doing Writes (the last with Immediate Data),
+    Sends, Reads, fetch-and-adds and Immediate Data, in both directions at once; every octet,
+    completion and fetch-and-add total checked on each (:class:`~iwarp_tb.rdma_run.RdmaRun`)."""
+    rng = random.Random(seed)
+    rig = NicPairRig(8, seed=seed)
+    try:
+        _random_memory(rig, rng, seed)
+        run = RdmaRun(rig, flows=16, size=3000, seed=seed)
+        for op in OPS:
+            run.batch(op, 3, directions=("a", "b"))
+        _clean(rig, run)
+    finally:
+        rig.close()
+
+
+@pytest.mark.cocotb
+def test_message_sizes(seed=12):
+    """Writes, Sends and Reads of 0 octets, both directions at once, then of 4 MiB (2900
+    segments each): a Write from ``a``, a Send from ``b``, a Read by ``a``."""
+    rng = random.Random(seed)
+    size = 4 << 20
+    rig = NicPairRig(8, seed=seed, memory_bytes=3 * size)
+    try:
+        _random_memory(rig, rng, seed)
+        run = RdmaRun(rig, flows=1, size=size, seed=seed)
+        for op in ("write", "send", "read"):
+            run.batch(op, 1, length=0, directions=("a", "b"))
+        for op, nic in (("write", "a"), ("send", "b"), ("read", "a")):
+            run.batch(op, 1, length=size, directions=(nic,))
+        _clean(rig, run)
+    finally:
+        rig.close()

@@ -65,6 +65,9 @@ class HostControl(wiring.Component):
     irq : Out(1)
         ``irq_status`` and ``irq_enable``.
 
+    ``limits`` reads ``ird_max`` and ``ord_max``: the engine's (the host must agree no larger
+    IRD and ORD with a peer).
+
     A command whose block is busy holds the bus's write response until it is taken; an
     unknown command is taken and ignored. A ``FRAME`` longer than the octets written waits for
     the rest. The queues: ``events`` events, 256 words of frame octets to send, 256 words of
@@ -72,9 +75,10 @@ class HostControl(wiring.Component):
     """
 
     def __init__(self, data_bytes, *, conns=16, cqs=16, pd_bits=16, stag_entries=4096,
-                 events=16):
+                 events=16, ird_max=8, ord_max=32):
         self.data_bytes = check_data_bytes(data_bytes)
         self.conns, self.cqs, self.events = conns, cqs, events
+        self.ird_max, self.ord_max = ird_max, ord_max
         self.regmap = nic_map(conns=conns, cqs=cqs)
         self.commands = command_layouts(conns=conns, cqs=cqs, pd_bits=pd_bits,
                                         stag_entries=stag_entries)
@@ -113,6 +117,7 @@ class HostControl(wiring.Component):
         m.d.comb += [
             bank.id.eq(MAGIC), bank.version.eq(VERSION),
             bank.features.eq(self.conns | self.cqs << 13 | n << 26),
+            bank.limits.eq(self.ird_max | self.ord_max << 8),
             self.mac.eq(bank.mac), self.ip.eq(bank.ip), self.hash_key.eq(bank.hash_key),
             self.isn_key.eq(Cat(bank.isn_key_lo, bank.isn_key_hi)), self.irq.eq(bank.irq),
         ]

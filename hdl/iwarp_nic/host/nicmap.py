@@ -129,6 +129,8 @@ def nic_map(*, conns, cqs):
         Register("isn_key_hi", 0x028, RW, width=64, doc="its bits 64-127"),
         Register("irq_status", 0x030, W1C, [Field("event", 0)], width=1, enable="irq_enable"),
         Register("irq_enable", 0x034, RW, width=1),
+        Register("limits", 0x038, RO, [Field("ird", 0, 8), Field("ord", 8, 8)],
+                 doc="the largest IRD and ORD a queue pair may be opened with"),
         Register("command", 0x040, PULSE, [Field("op", 0, 8)]),
         Register("frame_data", 0x044, PULSE, doc="four octets of a frame, lane 0 first"),
         Register("event_pop", 0x048, PULSE),
