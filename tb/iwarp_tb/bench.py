@@ -813,9 +813,7 @@ def _rdma_rig(width, size):
     from .rdma_run import RdmaRun
 
     rig = NicPairRig(width, seed=width, memory_bytes=max(1 << 24, 8 * size))
-    for k, device in enumerate(rig.devices.values()):
-        device.memory.configure(latency=round(HOST_LATENCY_NS * CLOCK_MHZ[width] / 1000),
-                                seed=k)
+    rig.host_latency(HOST_LATENCY_NS)
     return rig, RdmaRun(rig, flows=1, size=size, seed=width, slice_cycles=64)
 
 
@@ -861,6 +859,8 @@ def rdma_latency():
         try:
             for op in ("write", "send", "read"):
                 cycles = min(run.latency(op) for _ in range(3))
+                if run.errors:
+                    raise AssertionError(run.errors)
                 config = (f"{width} B/beat, {mhz} MHz, 8-octet {op}, from the doorbell write "
                           f"to the last octet in the {'local' if op == 'read' else 'remote'} "
                           f"host memory, host memory latency {HOST_LATENCY_NS} ns")

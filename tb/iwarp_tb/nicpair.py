@@ -101,6 +101,12 @@ class NicPairRig:
                                        ip=self.ips[nic], heap=(1 << 16, memory_bytes - (1 << 16)))
                         for k, nic in enumerate(NODES)}
 
+    def host_latency(self, ns):
+        """Both NICs' host memory answering after ``ns`` nanoseconds of this clock, with no
+        stalls."""
+        for k, device in enumerate(self.devices.values()):
+            device.memory.configure(latency=round(ns * self.h.clock_mhz / 1000), seed=k)
+
     def run_until(self, condition, *, timeout_cycles, slice_cycles=256):
         run_until(self.h, self.devices.values(), condition, timeout_cycles=timeout_cycles,
                   slice_cycles=slice_cycles)

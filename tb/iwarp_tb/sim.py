@@ -29,6 +29,7 @@ from pathlib import Path
 
 from iwarp_model.pcap import PcapWriter
 from iwarp_model.wire.fpdu import mulpdu
+from iwarp_model.wire.net import ETHERTYPE_IPV4, PROTO_TCP, EthernetFrame, IPv4Packet, TcpSegment
 
 from . import facilities, toolchain
 from .nicpair import NicPairRig
@@ -93,17 +94,18 @@ def retransmissions(frames):
     """TCP segments with data whose sequence range was seen before, per direction."""
     seen, count = {}, 0
     for frame in frames:
-        raw = bytes(frame)
-        if len(raw) < 54 or raw[12:14] != b"\x08\x00" or raw[23] != 6:
+        eth = EthernetFrame.decode(bytes(frame))
+        if eth.ethertype != ETHERTYPE_IPV4:
             continue
-        ihl = (raw[14] & 0xF) * 4
-        tcp = 14 + ihl
-        total = int.from_bytes(raw[16:18], "big")
-        data = total - ihl - (raw[tcp + 12] >> 4) * 4
-        if data <= 0:
+        ip = IPv4Packet.decode(eth.payload, verify=False)
+        if ip.proto != PROTO_TCP:
             continue
-        flow = raw[26:34] + raw[tcp:tcp + 4]
-        seq = int.from_bytes(raw[tcp + 4:tcp + 8], "big")
+        segment = TcpSegment.decode(ip.payload, ip.src, ip.dst, verify=False)
+        data = len(segment.payload)
+        if not data:
+            continue
+        flow = (ip.src, ip.dst, segment.sport, segment.dport)
+        seq = segment.seq
         end = seen.get(flow)
         if end is not None and (seq - end) % (1 << 32) >= 1 << 31:
             count += 1
@@ -160,8 +162,7 @@ def main(argv=None):
           f"{args.latency_ns:g} ns, seed {args.seed}")
     rig = NicPairRig(args.width, seed=args.seed, trace=wave)
     built = time.monotonic()
-    for k, device in enumerate(rig.devices.values()):
-        device.memory.configure(latency=round(args.latency_ns * mhz / 1000), seed=k)
+    rig.host_latency(args.latency_ns)
     run = RdmaRun(rig, flows=args.qps, size=args.size, seed=args.seed)
     rows = []
     for op in ops:

@@ -41,6 +41,11 @@ def open_ends(rig, models):
     return ends
 
 
+def _random_memory(rig, rng, seed):
+    for k, device in enumerate(rig.devices.values()):
+        device.memory.configure(latency=rng.randrange(1, 40), stall=0.2, seed=seed + k)
+
+
 @pytest.mark.cocotb
 @pytest.mark.parametrize("width", [8])
 def test_rdma_between_nics(width, seed=5, count=60):
@@ -54,8 +59,7 @@ def test_rdma_between_nics(width, seed=5, count=60):
 
     rig = NicPairRig(width, seed=seed)
     try:
-        for k, device in enumerate(rig.devices.values()):
-            device.memory.configure(latency=rng.randrange(1, 40), stall=0.2, seed=seed + k)
+        _random_memory(rig, rng, seed)
         ends = open_ends(rig, models)
         rig.connect({nic: end["qp"] for nic, end in ends.items()})
         for nic in NODES:
@@ -82,11 +86,6 @@ def test_rdma_between_nics(width, seed=5, count=60):
             assert device.memory.faults() == [], nic
     finally:
         rig.close()
-
-
-def _random_memory(rig, rng, seed):
-    for k, device in enumerate(rig.devices.values()):
-        device.memory.configure(latency=rng.randrange(1, 40), stall=0.2, seed=seed + k)
 
 
 def _clean(rig, run):
