@@ -450,8 +450,9 @@ def test_pieces(n):
     """Three connections' pieces interleaved, each connection a slot used twice (its second
     stream starting with ``first``); CRC, marker and length faults in some streams: every
     connection gets the model's ULPDUs and error of its own stream, in the pieces' order, and
-    a failed connection stops only itself until its next stream."""
-    for trial in range(4):
+    a failed connection stops only itself until its next stream. Each trial places the three
+    faults anew; at one octet a beat two trials (of four) for CI time."""
+    for trial in range(2 if n == 1 else 4):
         rng = random.Random(40 + 100 * n + trial)
         faults = [None, None, "crc", "marker", "length", None]
         rng.shuffle(faults)

@@ -17,7 +17,8 @@ from iwarp_model.mr import Access
 from iwarp_model.transport.memory import MemoryPair
 from iwarp_model.verbs import SGE, RecvWR, SendFlags, SendWR, WrOpcode
 
-__all__ = ["ALL", "PART", "PARTS", "KINDS", "EVERY", "End", "plan", "kinds", "exchange"]
+__all__ = ["ALL", "PART", "PARTS", "KINDS", "EVERY", "End", "plan", "kinds", "exchange",
+           "nic_end"]
 
 ALL = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
 PART = 4096                     # octets of each part of a region
@@ -98,6 +99,21 @@ def plan(rng, local, remote, count, *, kinds=KINDS, max_length=PART // 2):
                               compare_add=rng.getrandbits(64), swap=rng.getrandbits(64),
                               **(masks if kind == "masked_atomic" else {})))
     return wrs, recvs
+
+
+def nic_end(device, model):
+    """A NIC's end of the traffic of ``model`` (an end like :class:`End`) through its driver
+    ``device`` (:class:`~iwarp_tb.driver.NicDevice`): a protection domain, a completion queue,
+    a queue pair and one region holding the model end's first content at the model's tagged
+    offsets, under the model's STag. Returns ``(qp, cq, mr)``."""
+    pd = device.alloc_pd()
+    cq = device.create_cq(1024)
+    qp = device.create_qp(pd, cq, cq, max_send_wr=256, max_recv_wr=256)
+    addr = device.alloc(len(model.initial))
+    device.memory.write(addr, model.initial)
+    mr = device.reg_mr(pd, addr, len(model.initial), ALL, iova=model.region.iova)
+    assert mr.stag == model.region.stag, "the driver's STags are the model's"
+    return qp, cq, mr
 
 
 def kinds(completions):

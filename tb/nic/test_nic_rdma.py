@@ -21,7 +21,7 @@ import pytest
 from iwarp_model.verbs import QpState
 from iwarp_tb.nicpair import NODES, NicPairRig
 from iwarp_tb.rdma_run import OPS, RdmaRun
-from iwarp_tb.traffic import ALL, EVERY, End, exchange, kinds, plan
+from iwarp_tb.traffic import EVERY, End, exchange, kinds, nic_end, plan
 
 
 def open_ends(rig, models):
@@ -29,14 +29,7 @@ def open_ends(rig, models):
     holding its model end's first content at the model's tagged offsets."""
     ends = {}
     for nic, model in models.items():
-        device = rig.devices[nic]
-        pd = device.alloc_pd()
-        cq = device.create_cq(1024)
-        qp = device.create_qp(pd, cq, cq, max_send_wr=256, max_recv_wr=256)
-        addr = device.alloc(len(model.initial))
-        device.memory.write(addr, model.initial)
-        mr = device.reg_mr(pd, addr, len(model.initial), ALL, iova=model.region.iova)
-        assert mr.stag == model.region.stag, "the driver's STags are the model's"
+        qp, cq, mr = nic_end(rig.devices[nic], model)
         ends[nic] = {"qp": qp, "cq": cq, "mr": mr, "wcs": []}
     return ends
 
