@@ -15,7 +15,9 @@ import pytest
 from scapy.layers.inet import IP, TCP
 from scapy.layers.l2 import Ether
 
+from iwarp_model.transport.rawtcp import TcpState
 from iwarp_nic.tcp.layouts import EventKind
+from iwarp_tb.tcphost import ENDED
 from iwarp_tb.tcprig import MODEL_TCP, ModelWire, NicRig, ip_int
 
 WIDTHS = (1, 8)
@@ -244,6 +246,28 @@ def test_peer_reset(rig):
     # The slot can listen and be connected again.
     again = nic_listens(rig, wire, conn=0)
     exchange(rig, wire, [(0, again)], 10_000)
+
+
+def test_reset_in_time_wait_ends_a_clean_close(rig):
+    """The NIC closes first and acknowledges the model's FIN: TIME-WAIT. The model's FIN comes
+    again (its copy of the NIC's ACK was late); the NIC acknowledges it, and the model, done
+    with the connection, answers with an RST at the NIC's RCV.NXT (as Linux does). The slot
+    ends at once, as CLOSED: both FINs were acknowledged, so the close was clean."""
+    wire = ModelWire(rig)
+    target = nic_listens(rig, wire, conn=0)
+    exchange(rig, wire, [(0, target)], 4000)
+    rig.host.close(0)
+    wire.run(lambda: target.eof, timeout=0.05)
+    target.close()
+    slot = rig.host.slots[0]
+    wire.run(lambda: EventKind.PEER_FIN in slot.events and target.state is TcpState.CLOSED,
+             timeout=0.05)
+    assert slot.last_event == EventKind.PEER_FIN        # TIME-WAIT: 2 ms of it left
+    craft = Crafter(rig, wire, target)
+    craft.send(craft.segment(seq=(target.snd_nxt - 1) % (1 << 32), flags="FA"))
+    wire.run(lambda: slot.last_event in ENDED, timeout=0.0005)
+    assert slot.last_event == EventKind.CLOSED, slot.events
+    assert EventKind.RESET not in slot.events
 
 
 def test_parked_run_of_a_reset_connection_is_thrown_away(rig):

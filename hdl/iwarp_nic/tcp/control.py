@@ -9,8 +9,10 @@ below) and 4.2 (an immediate, pure duplicate ACK for data out of order), RFC 201
 offered in the SYN; the parked run as one SACK block on pure ACKs while a hole is before it),
 RFC 1122 section 4.2.3.2 (delayed ACK: at least every second full segment, and within
 ``dack_ticks``), RFC 5961 sections 3-5 (RST and SYN in a synchronised state answered with a
-challenge ACK unless exactly at RCV.NXT; ACKs outside SND.UNA - SND.WND .. SND.MAX dropped), RFC
-7323 section 2 (window scale) and RFC 6528 (keyed initial sequence numbers, :mod:`.isn`).
+challenge ACK unless exactly at RCV.NXT; ACKs outside SND.UNA - SND.WND .. SND.MAX dropped; one
+exactly at RCV.NXT in TIME-WAIT ends the connection as CLOSED, since both FINs were acknowledged,
+as the model's TCP does), RFC 7323 section 2 (window scale) and RFC 6528 (keyed initial
+sequence numbers, :mod:`.isn`).
 
 The connection table (TCB) is one block-RAM word per connection. Every event is handled by one
 serial state machine that loads the TCB, decides, and writes it back:
@@ -736,8 +738,8 @@ class TcpControl(wiring.Component):
         syn_right = Signal(32)      # RCV.NXT + the window a SYN-ACK offers
         # The classes of the connection's state RX_P needs, registered by RX_A.
         rx_st = {n: Signal(name=f"rx_st_{n}") for n in (
-            "closed", "listen", "ss", "sr", "fw1", "fw2", "closing", "last_ack", "est_sr",
-            "other", "rcv_ok")}
+            "closed", "listen", "ss", "sr", "fw1", "fw2", "closing", "last_ack", "tw",
+            "est_sr", "other", "rcv_ok")}
         with fsm.state("RX_A"):
             m.d.sync += [
                 rx_st["closed"].eq(_in(t.state, State.CLOSED)),
@@ -748,6 +750,7 @@ class TcpControl(wiring.Component):
                 rx_st["fw2"].eq(_in(t.state, State.FIN_WAIT_2)),
                 rx_st["closing"].eq(_in(t.state, State.CLOSING)),
                 rx_st["last_ack"].eq(_in(t.state, State.LAST_ACK)),
+                rx_st["tw"].eq(_in(t.state, State.TIME_WAIT)),
                 rx_st["est_sr"].eq(_in(t.state, State.ESTABLISHED, State.SYN_RCVD)),
                 rx_st["other"].eq(~_in(t.state, State.CLOSED, State.LISTEN, State.SYN_SENT)),
                 rx_st["rcv_ok"].eq(receiving | _in(t.state, State.SYN_RCVD)),
@@ -814,8 +817,9 @@ class TcpControl(wiring.Component):
         # RFC's order), registered, so that RX_B acts on one flag per action. The actions of
         # an acceptable synchronised segment: `pa_*` process its ACK ("fifth"), `rd_*` its
         # data ("seventh"), `rf` its FIN ("eighth").
-        names = ("p_closed", "p_reply", "p_l_syn", "p_reset", "p_ss_syn", "p_ss_synack",
-                 "p_ss_synonly", "p_unacc_sr", "p_unacc_ack", "p_drop", "p_challenge",
+        names = ("p_closed", "p_reply", "p_l_syn", "p_reset", "p_tw_reset", "p_ss_syn",
+                 "p_ss_synack", "p_ss_synonly", "p_unacc_sr", "p_unacc_ack", "p_drop",
+                 "p_challenge",
                  "pa_sr", "pa_new", "pa_dup", "pa_wnd", "pa_fw2", "pa_tw", "pa_free",
                  "rd_deliver", "rd_park", "rd_drop", "rf", "rf_cw", "rf_tw", "rf_closing")
         act = {n: Signal(name=n) for n in names}
@@ -834,7 +838,9 @@ class TcpControl(wiring.Component):
                 act["p_reply"].eq((listen & ~rst & ackf) | (ss & ackf & ~ack_new)
                                   | (acked & sr & ~ack_new)),
                 act["p_l_syn"].eq(listen & ~ackf & syn & ~rst),
-                act["p_reset"].eq((ss & rst & ackf & ack_new) | (acc & rst & at_rcv_nxt)),
+                act["p_reset"].eq((ss & rst & ackf & ack_new)
+                                  | (acc & rst & at_rcv_nxt & ~rx_st["tw"])),
+                act["p_tw_reset"].eq(acc & rst & at_rcv_nxt & rx_st["tw"]),
                 act["p_ss_syn"].eq(ss_syn),
                 act["p_ss_synack"].eq(ss_syn & ackf),
                 act["p_ss_synonly"].eq(ss_syn & ~ackf),
@@ -884,6 +890,10 @@ class TcpControl(wiring.Component):
             with m.If(act["p_reset"]):
                 free(EventKind.RESET)
                 count("resets")
+            # Both FINs were acknowledged: TIME-WAIT cut short by the peer's RST (a peer that
+            # has forgotten the connection answers our ACK so) still ends a clean close.
+            with m.If(act["p_tw_reset"]):
+                free(EventKind.CLOSED)
             with m.If(act["p_ss_syn"]):
                 take_syn_options()
             with m.If(act["p_ss_synack"]):
