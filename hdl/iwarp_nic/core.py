@@ -29,6 +29,7 @@ from .host.completion import CompletionWriter
 from .host.control import HostControl
 from .host.fence import WriteFence
 from .host.formats import SQ_INLINE_OFFSET
+from .host.nicmap import COUNTERS
 from .host.receive_queue import ReceiveQueueEngine
 from .host.send_queue import SendQueueEngine
 from .ip.mux import Arbiter
@@ -44,6 +45,7 @@ _PHY_PREFIXES = ("gmii_", "xgmii_")
 _PLACE, _ATOMIC_WRITE, _CQE = range(3)
 _PAYLOAD, _SQ, _RQ, _ATOMIC_READ = range(4)
 _OPERANDS = 4                   # atomic operands read ahead of the executor
+_SEGMENTS = 2                   # segments' payloads read ahead of the TCP engine
 
 
 def _word_write(m, word, command, data, name):
@@ -84,9 +86,12 @@ class NicCore(wiring.Component):
     responses in), and a payload read for a Read Response or an atomic's read only once
     the placements and atomic results issued before it are done (RFC 5040 section 5.5).
     The DMA engine returns all reads in the order they were issued, so the reads whose data
-    waits on other reads' (send queue entries wait for the issuer, which waits for the payload
-    of the entry before; atomic operands wait for the executor) go through a
-    :class:`~.dma.ReadReserve`: their data always has a place, and never holds up the rest.
+    waits on other reads' go through a :class:`~.dma.ReadReserve`: their data always has a
+    place, and never holds up the rest. Send queue entries wait for the issuer, which waits
+    for the payload of the entry before; atomic operands wait for the executor; payloads wait
+    for the TCP engine to take their segment, which waits while the received stream does
+    (its verdicts), and that for a receive queue entry, read after the payload (two NICs
+    sending each other small Sends stopped so).
     """
 
     def __init__(self, data_bytes, *, conns=16, cqs=16, dma_bytes=8, stag_entries=4096,
@@ -129,7 +134,9 @@ class NicCore(wiring.Component):
         wiring.connect(m, dma.m_axi, wiring.flipped(self.m_axi))
         m.d.comb += [self.irq.eq(control.irq), node.mac.eq(control.mac),
                      node.ip.eq(control.ip), node.isn_key.eq(control.isn_key),
-                     node.hash_key.eq(control.hash_key), node.stat_conn.eq(0)]
+                     node.hash_key.eq(control.hash_key), node.stat_conn.eq(0),
+                     *(control.counters[name].eq(getattr(node, port))
+                       for name, port in COUNTERS.items())]
 
         # TCP: commands and events; the received chunks straight into the engine.
         wiring.connect(m, control.o_tcp, node.i_cmd)
@@ -235,8 +242,9 @@ class NicCore(wiring.Component):
         payload = fenced(engine.o_read, "payload_fence")
         m.d.comb += [payload.i.payload.addr.eq(engine.o_read.payload.addr),
                      payload.i.payload.length.eq(engine.o_read.payload.length)]
-        wiring.connect(m, payload.o, client("read", _PAYLOAD, "command"))
-        host = resized(m, client("read", _PAYLOAD, "data"), d, n, "payload_width", err=True)
+        payloads = reserved(payload.o, _PAYLOAD, _SEGMENTS * -(-engine.max_fetch // d),
+                            "payload_reserve")
+        host = resized(m, payloads.o_data, d, n, "payload_width", err=True)
         m.d.comb += [engine.i_host.valid.eq(host.valid), host.ready.eq(engine.i_host.ready),
                      engine.i_host.payload.data.eq(host.payload.data),
                      engine.i_host.payload.keep.eq(host.payload.keep),

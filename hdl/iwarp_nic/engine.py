@@ -28,7 +28,7 @@ from .ddp.placement import (
 from .ddp.stag import StagWrite
 from .errors import TerminateCode, Violation
 from .exact import eq, gt, one_of, select, widened
-from .headers import READ_REQUEST
+from .headers import DDP_TAGGED, READ_REQUEST
 from .mpa import Decision, MpaNegotiator, Negotiated, NegotiationConfig, Outcome, Rtr
 from .mpa.deframer import ErrorKind
 from .mpa.startup import StartupFrame
@@ -259,7 +259,8 @@ def EngineOpen(conns, pd_bits):
     protection domain, the IRD and ORD, the RTR of the peer-to-peer model (``NONE`` without
     it: sent first by an Initiator, awaited by a Responder; for an Initiator's Read RTR,
     ``rtr_source`` is the host address of its header, 28 zero octets), the MULPDU of its
-    sends, CRCs and the markers of the stream sent."""
+    sends (a :class:`ConnectionsEngine` takes at most its ``max_send_ulpdu``), CRCs and the
+    markers of the stream sent."""
     return with_conn(StructLayout({"pd": pd_bits, "ird": 14, "ord": 14, "initiator": 1,
                                    "rtr": Rtr, "rtr_source": 64, "max_ulpdu": 16, "crc": 1,
                                    "markers": 1}), conns)
@@ -299,7 +300,8 @@ class ConnectionsEngine(wiring.Component):
         ``o_deferred`` to be offered again.
     o_read, i_host, o_sent : the :class:`~.rdmap.SendScheduler`'s
         Host memory reads for the payloads sent, each naming its connection, answered in
-        order; each Send, Write and Immediate Data work request done with host memory.
+        order, each at most :attr:`max_fetch` octets (one segment's payload); each Send, Write
+        and Immediate Data work request done with host memory.
     o_atomic_read, i_atomic_read, o_atomic_write : the :class:`~.rdmap.AtomicExecutor`'s
     o : Out(BeatStream(data_bytes, err=True, conns=conns))
         The FPDUs sent, each beat naming its connection (an FPDU's beats are contiguous).
@@ -346,6 +348,11 @@ class ConnectionsEngine(wiring.Component):
         self._executor = AtomicExecutor()
         self._terminates = TerminateParser(n, conns=conns)
         self.max_ulpdu = self._receiver.max_ulpdu
+        #: The largest MULPDU of the sends: one TCP chunk. A larger ``i_open`` MULPDU is cut
+        #: to it, so no payload read is longer than :attr:`max_fetch` octets, the most a
+        #: segment carries after the shorter (tagged) DDP header.
+        self.max_send_ulpdu = max_chunk
+        self.max_fetch = max_chunk - DDP_TAGGED.length
 
         def ports(block, names):
             return {name: block.signature.members[name] for name in names}
@@ -393,7 +400,9 @@ class ConnectionsEngine(wiring.Component):
                      resp.i_open.payload.ird.eq(_ird_credits(open_payload.ird,
                                                              self.ird_max)),
                      resp.i_open.payload.pd.eq(open_payload.pd),
-                     tx.i_open.payload.max_ulpdu.eq(open_payload.max_ulpdu),
+                     tx.i_open.payload.max_ulpdu.eq(
+                         Mux(gt(open_payload.max_ulpdu, self.max_send_ulpdu),
+                             self.max_send_ulpdu, open_payload.max_ulpdu)),
                      tx.i_open.payload.crc.eq(open_payload.crc),
                      tx.i_open.payload.markers.eq(open_payload.markers)]
         rtr_sent = eq(rtr.as_value(), Rtr.NONE.value)

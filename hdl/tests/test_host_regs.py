@@ -548,15 +548,15 @@ def test_c_header_project_descriptors(tmp_path):
 
 
 def test_c_header_nic(tmp_path):
-    """``python -m iwarp_nic header``: the NIC's own header compiles, and its offsets and
-    sizes are the map's and the layouts'."""
+    """``python -m iwarp_nic header``: the NIC's own header compiles, and its offsets (every
+    counter register's too) and sizes are the map's and the layouts'."""
     from iwarp_nic.__main__ import main
-    from iwarp_nic.host.nicmap import header_layouts, nic_map
+    from iwarp_nic.host.nicmap import COUNTERS, header_layouts, nic_map
 
     assert main(["header", "--out", str(tmp_path / "include" / "iwarp_nic.h")]) == 0
     regmap, layouts = nic_map(conns=16, cqs=16), header_layouts(
         conns=16, cqs=16, pd_bits=16, stag_entries=4096)
-    names = ["command", "cmd_args", "event0_lo", "sq_doorbell", "cq_head"]
+    names = ["command", "cmd_args", "event0_lo", "sq_doorbell", "cq_head", *COUNTERS]
     out = _compile_and_run(tmp_path, '#include <stdio.h>\n#include "iwarp_nic.h"\n'
                            "int main(void) {\n" + "".join(
                                f'  printf("%u\\n", (unsigned)IWARP_NIC_{n.upper()});\n'

@@ -62,6 +62,7 @@ from iwarp_nic.host.formats import (
     SqWqe,
 )
 from iwarp_nic.host.nicmap import (
+    COUNTERS,
     MAGIC,
     MAILBOX_WORDS,
     CommandOp,
@@ -447,6 +448,11 @@ class NicDevice:
         offset = self.map.offset(name, index)
         return sum(self.regs.read(offset + k // 8) << k
                    for k in range(0, self.map[name].width, 32))
+
+    def counters(self):
+        """``{name: value}`` of every counter register (:data:`~iwarp_nic.host.nicmap.
+        COUNTERS`), in address order."""
+        return {name: self.read(name) for name in COUNTERS}
 
     def command(self, code, /, **fields):
         """Write command ``code``'s fields into the mailbox, then ``code``."""

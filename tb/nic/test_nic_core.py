@@ -12,6 +12,10 @@ source and sink on the PHY pins, scapy for the frames.
 * ``send_queue_fetch``: a queue pair's rings opened through the mailbox and its send queue
   doorbell rung: the entry is read from host memory at the ring's address (and read again
   while the connection is not open, its work deferred).
+
+After ``arp_and_ping`` and ``listen_and_establish``, every counter register reads what the
+frames the test delivered to the NIC and took from it say (scapy-decoded): frames, IPv4
+datagrams, ARP and ICMP packets and TCP segments each way, and 0 for every drop.
 """
 
 import random
@@ -26,7 +30,15 @@ from scapy.layers.inet import ICMP, IP, TCP
 from scapy.layers.l2 import ARP, Ether
 
 from iwarp_nic.host.formats import SQ_WQE_BYTES
-from iwarp_nic.host.nicmap import MAGIC, VERSION, CommandOp, NicEventKind, command_layouts, nic_map
+from iwarp_nic.host.nicmap import (
+    COUNTERS,
+    MAGIC,
+    VERSION,
+    CommandOp,
+    NicEventKind,
+    command_layouts,
+    nic_map,
+)
 from iwarp_nic.tcp.layouts import CommandOp as TcpOp
 from iwarp_nic.tcp.layouts import EventKind
 from iwarp_tb import cocotb_env
@@ -43,7 +55,8 @@ def ip_int(text):
 
 
 class Nic:
-    """The NIC under test with its models."""
+    """The NIC under test with its models; the frames sent to it (:attr:`sent`) and taken from
+    it (:attr:`received`) are kept, decoded."""
 
     def __init__(self, dut):
         self.dut = dut
@@ -51,6 +64,7 @@ class Nic:
         self.ram = AxiRam(AxiBus.from_prefix(dut, "m_axi"), dut.clk, dut.rst, size=1 << 20)
         self.phy_in = XgmiiSource(dut.xgmii_rxd, dut.xgmii_rxc, dut.clk, dut.rst)
         self.phy_out = XgmiiSink(dut.xgmii_txd, dut.xgmii_txc, dut.clk, dut.rst)
+        self.sent, self.received = [], []
 
     async def write(self, name, value, index=0):
         await self.regs.write_dword(MAP.offset(name, index), value)
@@ -74,13 +88,53 @@ class Nic:
         hi = await self.read("event1_lo") | await self.read("event1_hi") << 32
         return lo | hi << 64
 
+    async def counters(self):
+        """The counter registers, as :meth:`iwarp_tb.driver.NicDevice.counters` reads them."""
+        return {name: await self.read(name) for name in COUNTERS}
+
     async def send_frame(self, packet):
+        self.sent.append(Ether(bytes(packet)))
         await self.phy_in.send(XgmiiFrame.from_payload(bytes(packet)))
 
-    async def recv_frame(self):
-        frame = await with_timeout(self.phy_out.recv(), 200, "us")
+    def _received(self, frame):
         assert frame.check_fcs()
-        return Ether(bytes(frame.get_payload()))
+        self.received.append(Ether(bytes(frame.get_payload())))
+        return self.received[-1]
+
+    async def recv_frame(self):
+        return self._received(await with_timeout(self.phy_out.recv(), 200, "us"))
+
+    async def check_counters(self):
+        """Once the NIC is quiet (its frames not yet taken are taken), its counters are what
+        :func:`expected_counters` counts in the frames each way."""
+        await ClockCycles(self.dut.clk, 2000)
+        while not self.phy_out.empty():
+            self._received(self.phy_out.recv_nowait())
+        counters, expected = await self.counters(), expected_counters(self.sent, self.received)
+        assert counters == expected, {name: (counters[name], expected[name])
+                                      for name in COUNTERS if counters[name] != expected[name]}
+
+
+def expected_counters(sent, received):
+    """The counter registers after the NIC took the Ethernet frames ``sent``, all good and for
+    it, and sent ``received``: frames, IPv4 datagrams, ARP requests and replies, ICMP echo
+    replies and TCP segments counted in them; every other counter (drops, retransmissions,
+    resets) 0."""
+    def count(frames, layer, **fields):
+        return sum(layer in frame and all(getattr(frame[layer], name) == value
+                                          for name, value in fields.items())
+                   for frame in frames)
+
+    segments_in = count(sent, TCP)
+    return {**dict.fromkeys(COUNTERS, 0),
+            "mac_rx_frames_ok": len(sent), "mac_tx_frames": len(received),
+            "ip_rx_delivered": count(sent, IP), "ip_tx_sent": count(received, IP),
+            "ip_arp_rx_request": count(sent, ARP, op=1), "ip_arp_rx_reply": count(sent, ARP, op=2),
+            "ip_arp_tx_request": count(received, ARP, op=1),
+            "ip_arp_tx_reply": count(received, ARP, op=2),
+            "ip_icmp_replies": count(received, ICMP, type=0),
+            "tcp_rx_front_segments": segments_in, "tcp_rx_segments": segments_in,
+            "tcp_tx_segments": count(received, TCP)}
 
 
 async def setup(dut):
@@ -117,6 +171,7 @@ async def arp_and_ping(dut):
     await nic.send_frame(peer() / IP(src=PEER_IP, dst=NIC_IP) / ICMP(id=7, seq=3) / payload)
     echo = await nic.recv_frame()
     assert echo[ICMP].type == 0 and echo[ICMP].id == 7 and bytes(echo[ICMP].payload) == payload
+    await nic.check_counters()
 
 
 @cocotb.test()
@@ -149,6 +204,7 @@ async def listen_and_establish(dut):
     assert await nic.read("irq_status") == 1
     await nic.write("event_pop", 0)
     assert await nic.event() == 0
+    await nic.check_counters()
 
 
 @cocotb.test()

@@ -31,7 +31,8 @@ class ReadReserve(wiring.Component):
         The client's reads, passed on unchanged once ``beats`` less those reserved by the
         reads before it (issued, and their data not yet taken from ``o_data``) can hold its
         ``ceil(length / data_bytes)`` beats. A read must need at most ``beats`` beats (the
-        clients here read fixed-size descriptors and operands). A read of length 0 reserves
+        clients here read fixed-size descriptors and operands, or payloads of at most a
+        segment). A read of length 0 reserves
         nothing (it returns nothing).
     i_data, o_data : In(BeatStream(data_bytes, err=True)), Out(...)
         The reads' data, as the reader returns it (packed from lane 0), through a FIFO of

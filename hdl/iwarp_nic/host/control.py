@@ -25,6 +25,7 @@ from ..width import resized
 from .bank import RegisterBank
 from .completion import CqEvent, QueuePairCqs
 from .nicmap import (
+    COUNTERS,
     MAGIC,
     MAILBOX_WORDS,
     VERSION,
@@ -64,6 +65,9 @@ class HostControl(wiring.Component):
         ``startup_data`` queue); taken round robin while the event queue has room.
     irq : Out(1)
         ``irq_status`` and ``irq_enable``.
+    counters : In(StructLayout({name: 32 for name in nicmap.COUNTERS}))
+        What the counter registers read (:data:`~.nicmap.COUNTERS`), each by its register's
+        name.
 
     ``limits`` reads ``ird_max`` and ``ord_max``: the engine's (the host must agree no larger
     IRD and ORD with a peer).
@@ -107,6 +111,7 @@ class HostControl(wiring.Component):
             "i_peer_terminate": In(stream.Signature(with_conn(TerminateHeader, conns))),
             "i_cq_event": In(stream.Signature(CqEvent(cqs))),
             "irq": Out(1),
+            "counters": In(StructLayout({name: 32 for name in COUNTERS})),
         })
 
     def elaborate(self, platform):
@@ -120,6 +125,7 @@ class HostControl(wiring.Component):
             bank.limits.eq(self.ird_max | self.ord_max << 8),
             self.mac.eq(bank.mac), self.ip.eq(bank.ip), self.hash_key.eq(bank.hash_key),
             self.isn_key.eq(Cat(bank.isn_key_lo, bank.isn_key_hi)), self.irq.eq(bank.irq),
+            *(getattr(bank, name).eq(self.counters[name]) for name in COUNTERS),
         ]
         for name in ("sq_doorbell", "rq_doorbell", "cq_head"):
             door, out = getattr(bank, name), getattr(self, f"o_{name}")

@@ -28,6 +28,13 @@ How the host drives the NIC
   Terminate received and each completion queue entry written. ``event0``/``event1`` show the
   oldest (``kind`` 0 when there is none); writing ``event_pop`` drops it. ``irq_status.event``
   is set as each is queued.
+* **Counters.** From ``0x400``, one ``RO`` word each, 32 bits wrapping (:data:`COUNTERS`): the
+  counters of the node's MAC (``mac_`` and the names of :data:`~iwarp_nic.eth.RX_COUNTERS`
+  and :data:`~iwarp_nic.eth.TX_COUNTERS`: frames received good and dropped by reason, frames
+  sent), then its IP stack's (``ip_`` and the names of :data:`~iwarp_nic.ip.stack.COUNTERS`:
+  Ethernet, IPv4, ARP and ICMP, each block's packets and drops), then its TCP engine's
+  (``tcp_`` and the names of :data:`~iwarp_nic.tcp.engine.COUNTERS`: segments, drops,
+  retransmissions, resets), in those lists' order.
 """
 
 import enum
@@ -36,19 +43,31 @@ from amaranth.lib.data import StructLayout
 
 from ..ddp.stag import StagWrite
 from ..engine import EngineOpen
+from ..eth import RX_COUNTERS as MAC_RX_COUNTERS
+from ..eth import TX_COUNTERS as MAC_TX_COUNTERS
+from ..ip.stack import COUNTERS as IP_COUNTERS
 from ..mpa.gather import GatherCommand
+from ..tcp.engine import COUNTERS as TCP_COUNTERS
 from ..tcp.layouts import ChunkHeader, Command, conn_bits, with_conn
 from .completion import QueuePairCqs
 from .regmap import PULSE, RO, RW, W1C, Field, Register, RegisterMap
 from .rings import Ring
 
-__all__ = ["MAGIC", "VERSION", "MAILBOX_WORDS", "CommandOp", "NicEventKind", "NicEvent",
-           "TcpEventData", "QueuePairRings", "command_layouts", "header_layouts", "nic_map"]
+__all__ = ["MAGIC", "VERSION", "MAILBOX_WORDS", "COUNTERS_OFFSET", "COUNTERS", "CommandOp",
+           "NicEventKind", "NicEvent", "TcpEventData", "QueuePairRings", "command_layouts",
+           "header_layouts", "nic_map"]
 
 #: ``id``: "iWAR" in ASCII.
 MAGIC = 0x69574152
 VERSION = 1
 MAILBOX_WORDS = 16
+#: The byte offset of the first counter register.
+COUNTERS_OFFSET = 0x400
+#: The counter registers in address order, each with the counter port it reads of the NIC's
+#: :class:`~iwarp_nic.node.TcpNode` (``{register: port}``; see Counters above).
+COUNTERS = {**{f"mac_{name}": name for name in (*MAC_RX_COUNTERS, *MAC_TX_COUNTERS)},
+            **{f"ip_{name}": name for name in IP_COUNTERS},
+            **{f"tcp_{name}": f"tcp_{name}" for name in TCP_COUNTERS}}
 
 
 class CommandOp(enum.IntEnum):
@@ -139,6 +158,7 @@ def nic_map(*, conns, cqs):
         Register("event1", 0x058, RO, width=64, doc="NicEvent bits 64-127"),
         Register("startup_data", 0x060, RO, doc="four octets of a startup frame"),
         Register("cmd_args", 0x080, RW, count=MAILBOX_WORDS, stride=4),
+        *(Register(name, COUNTERS_OFFSET + 4 * k, RO) for k, name in enumerate(COUNTERS)),
         Register("sq_doorbell", 0x1000, PULSE, [Field("tail", 0, 16)], count=conns, stride=4),
         Register("rq_doorbell", 0x2000, PULSE, [Field("tail", 0, 16)], count=conns, stride=4),
         Register("cq_head", 0x3000, PULSE, [Field("tail", 0, 16)], count=cqs, stride=4),

@@ -213,6 +213,12 @@ class TcpControl(wiring.Component):
     park_segments : int
         Out-of-order segments (of at most ``mss`` bytes) the park buffer holds; the engine
         sizes the buffer so that they always fit.
+    verdicts : int
+        Verdicts that may wait for the receive side (``o_verdict``) before the machine stops
+        taking segments. While it is stopped, ``i_seg`` waits, and so does everything before
+        it, back to the MAC, whose one-frame FIFO then overflows: the engine makes this at
+        least the full-sized segments its receive buffer holds, so that the window, not this
+        FIFO, is what runs out.
 
     Ports
     -----
@@ -236,7 +242,8 @@ class TcpControl(wiring.Component):
 
     def __init__(self, *, conns=16, ring_bytes=1 << 16, mss=1460, rcv_ws=7, clock_hz=125_000_000,
                  tick_cycles=1024, rto_initial=None, rto_min=None, rto_max=None, dack_ticks=None,
-                 time_wait_ticks=None, max_retries=8, listen_slots=16, park_segments=32):
+                 time_wait_ticks=None, max_retries=8, listen_slots=16, park_segments=32,
+                 verdicts=8):
         ticks_per_s = clock_hz / tick_cycles
         if ring_bytes & (ring_bytes - 1) or ring_bytes < 64:
             raise ValueError("ring_bytes must be a power of two >= 64")
@@ -260,6 +267,7 @@ class TcpControl(wiring.Component):
             raise ValueError("need rto_min <= rto_initial <= rto_max")
         self.max_retries = max_retries
         self.listen_slots = listen_slots
+        self.verdicts = verdicts
         if park_segments < 1:
             raise ValueError("park_segments must be 1 or more")
         self.park_segments = park_segments
@@ -309,7 +317,7 @@ class TcpControl(wiring.Component):
             wiring.connect(m, f.r_stream, wiring.flipped(getattr(self, "o_" + name)))
             return f
 
-        verdicts = out_fifo("verdict", Verdict(self.conns), 8)
+        verdicts = out_fifo("verdict", Verdict(self.conns), self.verdicts)
         txq = out_fifo("tx", TxSegment(self.conns), 4)
         events = out_fifo("event", Event(self.conns), 8)
         rings = out_fifo("ring", RingRequest(self.conns), 4)

@@ -103,8 +103,13 @@ class TcpEngine(wiring.Component):
         self.rx_buffer_beats = -(-rx_buffer_bytes // data_bytes)
         self.mss = mss
         self.park_beats = park_segments * -(-mss // data_bytes)
+        # Room for the verdicts of a receive buffer full of full-sized segments (a power of
+        # two: block RAM), so that a receive side slower than the line closes the window
+        # before the control stops taking segments (see TcpControl's ``verdicts``).
+        full_segments = -(-rx_buffer_bytes // mss)
         self._control = dict(conns=conns, ring_bytes=ring_bytes, mss=mss,
                              park_segments=park_segments,
+                             verdicts=1 << (full_segments - 1).bit_length(),
                              rcv_ws=_window_shift(rx_buffer_bytes), **control)
         n = data_bytes
         members = {
