@@ -26,7 +26,12 @@ from .runner import write_verilog
 from .tcppair import NODES, join_wire
 from .tcprig import CLOCK_HZ, PHY_BY_WIDTH, ip_int, mac_int
 
-__all__ = ["NicPair", "NicPairRig", "core_params"]
+__all__ = ["NicPair", "NicPairRig", "RX_LOSSES", "core_params"]
+
+#: The counter registers of received frames or segments a NIC dropped: a bad FCS, the MAC's
+#: receive FIFO full, TCP's receive front end discarding a cut frame, the receive buffer full.
+RX_LOSSES = ("mac_rx_bad_fcs", "mac_rx_overflows", "tcp_rx_front_discarded",
+             "tcp_rx_no_buffer")
 
 
 class NicPair(wiring.Component):
@@ -121,6 +126,21 @@ class NicPairRig:
         for qp in qps.values():
             if qp.state != QpState.RTS:
                 raise AssertionError(f"{qp!r}: {qp.reason}")
+
+    def losses(self, quiet_cycles=2000):
+        """After ``quiet_cycles`` more cycles (for the frames on their way), what each NIC lost
+        of the frames the other sent, read from both NICs' counter registers: ``{letter:
+        {name: count}}``, each nonzero one of :data:`RX_LOSSES` and ``not_taken`` (frames the
+        other's MAC sent that this one did not count as received good); ``{}`` per NIC when
+        it lost nothing. The link itself loses nothing, so anything here is the NIC's."""
+        self.h.run(quiet_cycles)
+        counters = {nic: device.counters() for nic, device in self.devices.items()}
+        found = {}
+        for nic, peer in zip(NODES, reversed(NODES)):
+            lost = {name: counters[nic][name] for name in RX_LOSSES if counters[nic][name]}
+            not_taken = counters[peer]["mac_tx_frames"] - counters[nic]["mac_rx_frames_ok"]
+            found[nic] = {**lost, "not_taken": not_taken} if not_taken else lost
+        return found
 
     def frames(self):
         """The frames both NICs sent since the last call, in the order their last octets

@@ -12,7 +12,8 @@ completion is checked (:mod:`iwarp_tb.rdma_run`).
 It prints a report: per batch the operations, octets, cycles, goodput in Gb/s at the width's
 nominal clock and as a fraction of the wire's ceiling for that message (what is left of the
 line rate once Ethernet, IPv4, TCP, MPA, DDP and RDMAP take their share), latencies in
-cycles and ns, TCP retransmissions seen on the wire, errors. The frames on the wire go to
+cycles and ns, TCP retransmissions seen on the wire, frames either NIC lost (its counter
+registers), errors. The frames on the wire go to
 ``build/sim/run.pcap`` (read back by tshark when it is installed, which must find every
 FPDU's CRC good and each RDMAP message the run sent), the waveform to
 ``build/sim/run.fst``. Exit status 1 on any error.
@@ -169,6 +170,7 @@ def main(argv=None):
         for directions in (("a",), ("a", "b")):
             rows.append(run.batch(op, args.count, directions=directions))
     latencies = {op: run.latency(op) for op in ("write", "send", "read")}
+    losses = rig.losses()
     frames = rig.frames()
     cycles = rig.h.cycle
     violations = {nic: d.memory.violations() + d.memory.faults()
@@ -180,6 +182,7 @@ def main(argv=None):
                 errors.append(f"{nic} QP {side.qp.qp_num}: {side.qp.reason}")
     for nic, found in violations.items():
         errors += [f"{nic} host memory: {v}" for v in found[:5]]
+    errors += [f"{nic} lost frames: {lost}" for nic, lost in losses.items() if lost]
     rig.close()
 
     head = ("operation", "dir", "count", "octets", "cycles", "B/cycle", "Gb/s", "ceiling",
@@ -207,6 +210,10 @@ def main(argv=None):
     print(f"retransmissions: {retransmissions(frames)}; frames on the wire: {len(frames)}; "
           f"cycles simulated: {cycles} ({cycles / max(time.monotonic() - built, 1e-9):,.0f}"
           " per second of this machine)")
+    print("frames lost in the NICs: " + ", ".join(
+        f"{nic} {sum(lost.values())}" for nic, lost in losses.items())
+          + " (their counter registers: MAC receive FIFO, bad FCS, TCP receive front end and "
+          "buffer, frames sent but not received)")
     summary = tshark_summary(pcap)
     if summary is None:
         note = "tshark not installed: not cross-checked"
