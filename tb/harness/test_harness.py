@@ -197,3 +197,30 @@ def test_trace():
     assert trace.stat().st_size > 100
     if trace.suffix == ".vcd":
         assert b"s_axis_tvalid" in trace.read_bytes()
+
+
+def test_trace_pause():
+    """The cycles run while tracing is off are not in the waveform: a VCD traced for 50
+    cycles, paused for 200 000 (frames through the buffer meanwhile), then traced for 50 more
+    has the time steps of those 100 cycles (two per cycle) and none in the gap."""
+    path = toolchain.BUILD / "harness" / "trace-pause.vcd"
+    with Harness("iwarp_skid_w8", SkidBuffer(BeatLayout(8, err=True)), trace=path) as h:
+        h.run(50)
+        paused = h.cycle
+        h.tracing(False)
+        for k in range(100):
+            h.push("s_axis", [bytes([k]) * 64])
+            h.run(2000)
+        resumed = h.cycle
+        h.tracing(True)
+        h.run(50)
+        assert len(h.pull("m_axis")) == 100
+        period = round(1e6 / h.clock_mhz)
+        trace = h.trace
+    assert trace.suffix == ".vcd"
+    times = [int(line[1:]) for line in trace.read_text().splitlines() if line[:1] == "#"]
+    reset = 4   # the cycles in reset before cycle 0, traced too
+    last, first = (reset + paused) * period - period // 2, (reset + resumed) * period
+    assert last in times and first in times
+    assert not [t for t in times if last < t < first], "time steps while paused"
+    assert len(times) == 2 * (reset + 100)

@@ -24,7 +24,8 @@
 // PHY choice.
 //
 // Build-time defines: VTOP (the Verilated class), VTOP_H (its header), HARNESS_TRACE_FST or
-// HARNESS_TRACE_VCD (a waveform of every cycle, when a path is given to hs_new).
+// HARNESS_TRACE_VCD (a waveform of every cycle while tracing is on, when a path is given to
+// hs_new; hs_trace pauses and resumes it).
 //
 // Per cycle: inputs, tready and the AXI ports' inputs are driven, clk falls and the model
 // settles, handshakes and PHY pins are sampled, clk rises. A transfer happens in the cycle where
@@ -735,9 +736,13 @@ class Sim {
         ++ticks_;
     }
 
+  public:
+    bool tracing = true;  // the waveform records the cycles run while this holds
+
+  private:
     void dump(uint64_t offset) {
 #if defined(HARNESS_TRACE_FST) || defined(HARNESS_TRACE_VCD)
-        if (trace_) trace_->dump(ticks_ * period_ps_ + offset);
+        if (trace_ && tracing) trace_->dump(ticks_ * period_ps_ + offset);
 #else
         (void)offset;
 #endif
@@ -768,6 +773,8 @@ HARNESS_API uint64_t hs_run(void *h, uint64_t cycles, int until_output) {
 }
 
 HARNESS_API uint64_t hs_cycle(void *h) { return sim(h).cycle; }
+
+HARNESS_API void hs_trace(void *h, int on) { sim(h).tracing = on != 0; }
 
 HARNESS_API void hs_set(void *h, int port, const uint8_t *bytes) {
     set_port(sim(h).top(), port, bytes);

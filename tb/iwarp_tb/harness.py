@@ -154,14 +154,15 @@ class Harness:
     ----------
     name : str
         The Verilog module name (``build/verilog/<name>.v``; the build goes to
-        ``build/harness/<name>[-trace]/``).
+        ``build/harness/<name>[-trace|-vcd]/``).
     component : wiring.Component
         Its ports become the module's (:func:`iwarp_nic.axis.axi_ports`).
     phy : None, "gmii" or "xgmii"
         Attach a PHY model to the MAC pins of :data:`PHY_PINS` (which the module must have).
     trace : path or None
-        Write a waveform of every cycle there (FST if :func:`toolchain.have_fst`, else VCD: the
-        suffix is changed to match; see :attr:`trace`). Traced builds are slower.
+        Write a waveform of every cycle there (see :meth:`tracing`): VCD for a ``.vcd``
+        suffix, else FST if :func:`toolchain.have_fst`, else VCD (the suffix is changed to
+        match; see :attr:`trace`). Traced builds are slower.
     clock_mhz : float
         The clock the waveform and :attr:`time_ns` assume (by default from the PHY).
     seed : int
@@ -228,9 +229,10 @@ class Harness:
                        for index, (port, (width, is_in)) in enumerate(plain)}
 
         source = write_verilog(name, component, params=params)
-        fst = trace is not None and toolchain.have_fst()
+        fst = trace is not None and Path(trace).suffix != ".vcd" and toolchain.have_fst()
         self.trace = None if trace is None else Path(trace).with_suffix(".fst" if fst else ".vcd")
-        build_dir = toolchain.BUILD / "harness" / (name + ("-trace" if trace else ""))
+        kind = "" if trace is None else "-trace" if fst else "-vcd"
+        build_dir = toolchain.BUILD / "harness" / (name + kind)
         build_dir.mkdir(parents=True, exist_ok=True)
         glue = build_dir / "harness_glue.h"
         text = self._glue()
@@ -546,6 +548,11 @@ class Harness:
         """Cycles run since reset."""
         return self._lib.hs_cycle(self._live)
 
+    def tracing(self, on):
+        """Record the cycles run from now on in the waveform (``on``) or not; it records
+        from the start. The waveform's time stays the cycle count, so a pause is a gap."""
+        self._lib.hs_trace(self._live, int(on))
+
     @property
     def time_ns(self):
         """:attr:`cycle` in nanoseconds at :attr:`clock_mhz`."""
@@ -787,6 +794,7 @@ def _load(path, phy, line):
         "hs_free": (None, [p]),
         "hs_run": (u64, [p, u64, i]),
         "hs_cycle": (u64, [p]),
+        "hs_trace": (None, [p, i]),
         "hs_set": (None, [p, i, buf]),
         "hs_get": (None, [p, i, buf]),
         "hs_push": (None, [p, i, u64, buf, buf, buf, buf]),

@@ -16,7 +16,10 @@ cycles and ns, TCP retransmissions seen on the wire, frames either NIC lost (its
 registers), errors. The frames on the wire go to
 ``build/sim/run.pcap`` (read back by tshark when it is installed, which must find every
 FPDU's CRC good and each RDMAP message the run sent), the waveform to
-``build/sim/run.fst``. Exit status 1 on any error.
+``build/sim/run.fst``: by default of the connection setup and the latency probes (readable
+single operations on an idle line, a few megabytes), with ``--wave all`` of every cycle
+(gigabytes for the default run), with ``--no-wave`` none (and a faster build and run). Exit
+status 1 on any error.
 
 ``python -m iwarp_tb.sim --width 8 --size 65536 --count 8 --qps 2 --ops write,read,send``
 (``make sim SIM_ARGS="..."``).
@@ -144,6 +147,9 @@ def main(argv=None):
     parser.add_argument("--latency-ns", type=float, default=100.0,
                         help="host memory latency")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--wave", choices=("probes", "all"), default="probes",
+                        help="the waveform's cycles: the connection setup and the latency "
+                             "probes (default), or every cycle")
     parser.add_argument("--no-wave", action="store_true", help="no waveform (faster)")
     parser.add_argument("--out", type=Path, default=toolchain.BUILD / "sim")
     args = parser.parse_args(argv)
@@ -165,10 +171,17 @@ def main(argv=None):
     built = time.monotonic()
     rig.host_latency(args.latency_ns)
     run = RdmaRun(rig, flows=args.qps, size=args.size, seed=args.seed)
+    pause = wave is not None and args.wave == "probes"
+    setup_end = rig.h.cycle
+    if pause:
+        rig.h.tracing(False)
     rows = []
     for op in ops:
         for directions in (("a",), ("a", "b")):
             rows.append(run.batch(op, args.count, directions=directions))
+    probes_start = rig.h.cycle
+    if pause:
+        rig.h.tracing(True)
     latencies = {op: run.latency(op) for op in ("write", "send", "read")}
     losses = rig.losses()
     frames = rig.frames()
@@ -230,7 +243,10 @@ def main(argv=None):
             errors.append("frames with a bad FCS or a PHY error on the wire")
     print(f"pcap:      {pcap} ({len(frames)} frames; {note})")
     if wave is not None:
-        print(f"waveform:  {rig.h.trace}")
+        print(f"waveform:  {rig.h.trace} ("
+              + ("every cycle" if args.wave == "all" else
+                 f"cycles 0 to {setup_end} and from {probes_start}: the connection setup and "
+                 "the latency probes; --wave all for every cycle") + ")")
     print(f"errors:    {len(errors)}")
     for error in errors[:20]:
         print(f"  {error}")

@@ -83,11 +83,19 @@ class TcpHost:
 
     # Data.
 
-    def send(self, conn, data):
-        """Queue ``data`` for connection ``conn`` (handed over by :meth:`service`)."""
+    def send(self, conn, data, sizes=None):
+        """Queue ``data`` for connection ``conn`` (handed over by :meth:`service`), in chunks
+        of ``chunk`` bytes, or of the lengths ``sizes`` (in order; they add up to
+        ``len(data)``)."""
         slot = self.slots[conn]
-        for at in range(0, len(data), self.chunk):
-            slot.to_send.append(bytes(data[at:at + self.chunk]))
+        if sizes is None:
+            sizes = [min(self.chunk, len(data) - at) for at in range(0, len(data), self.chunk)]
+        if sum(sizes) != len(data) or not all(0 < n <= self.chunk for n in sizes):
+            raise ValueError(f"chunk sizes must be 1 to {self.chunk} and add up to {len(data)}")
+        at = 0
+        for n in sizes:
+            slot.to_send.append(bytes(data[at:at + n]))
+            at += n
 
     def unsent(self, conn=None):
         """Bytes still queued on the host side (of one slot, or all)."""

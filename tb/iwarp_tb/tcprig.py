@@ -63,16 +63,20 @@ class NicRig:
     """A :class:`TcpNode` of ``width`` bytes with ``conns`` slots, built natively, and its host.
 
     ``mac``/``ip`` are the NIC's addresses (text). The engine's keys are drawn from ``seed``.
+    ``cut_slots`` and ``ack_with_data`` go to :class:`~iwarp_nic.tcp.control.TcpControl`: by
+    default segments hold whole chunks of at most the MSS and ACKs wait for data to ride on,
+    as in :class:`~iwarp_nic.core.NicCore`.
     """
 
     def __init__(self, width, *, conns=16, ring_bytes=1 << 16, rx_buffer_bytes=1 << 16,
                  mac="02:00:00:00:00:01", ip="169.254.10.2", timers=NicTimers(), trace=None,
-                 seed=1, chunk=2048):
+                 seed=1, chunk=2048, cut_slots=64, ack_with_data=True):
         self.width = width
         self.clock_hz = CLOCK_HZ[width]
         self.mac, self.ip = mac, ip
         self.conns = conns
         engine = dict(conns=conns, ring_bytes=ring_bytes, rx_buffer_bytes=rx_buffer_bytes,
+                      cut_slots=cut_slots, ack_with_data=ack_with_data,
                       **timers.engine_params(self.clock_hz))
         params = ("TcpNode", width, sorted(engine.items()))
         name = f"iwarp_tcp_node_w{width}_" + hashlib.sha256(repr(params).encode()).hexdigest()[:8]
@@ -102,11 +106,14 @@ class ModelWire:
 
     Each direction is a :class:`~iwarp_model.transport.impair.Link` (``impair`` keyword
     arguments apply to both, ``to_nic``/``to_model`` to one), with ``delay`` seconds of wire.
+    With ``capture``, ``captured`` keeps every frame the NIC sends, in order.
     """
 
     def __init__(self, rig, *, mac="02:00:00:00:00:02", ip="169.254.10.1", seed=2,
-                 delay=2e-6, config=MODEL_TCP, to_nic=None, to_model=None, **impair):
+                 delay=2e-6, config=MODEL_TCP, to_nic=None, to_model=None, capture=False,
+                 **impair):
         self.rig = rig
+        self.captured = [] if capture else None
         self.clock = VirtualClock()
         rng = random.Random(seed)
         self.to_nic = Link(rig.h.send_frame, clock=self.clock, rng=random.Random(seed + 1),
@@ -127,6 +134,8 @@ class ModelWire:
         self.clock.now = rig.now
         for frame in rig.h.frames():
             assert not frame.err, f"NIC sent a bad frame: {frame.reasons}"
+            if self.captured is not None:
+                self.captured.append(bytes(frame))
             self.to_model.send(bytes(frame))
         self.to_model.poll()
         self.to_nic.poll()

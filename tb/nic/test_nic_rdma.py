@@ -11,14 +11,16 @@ NIC's host memory must end as its model end's, its completions must be the same 
 registered, writable region (nor any AXI protocol fault). Neither NIC may lose a frame the
 other sent (their counter registers).
 
-Then all 16 connections at once, messages of 0 octets and of 4 MiB, and many small Sends
-each way at once, through :class:`~iwarp_tb.rdma_run.RdmaRun` (the workload of ``make sim``),
-under the same checks.
+Then all 16 connections at once, messages of 0 octets and of 4 MiB, many small Sends each
+way at once, and large Writes each way (ACKs on data segments, whole FPDUs in each), through
+:class:`~iwarp_tb.rdma_run.RdmaRun` (the workload of ``make sim``), under the same checks.
 """
 
 import random
 
 import pytest
+from scapy.layers.inet import IP, TCP
+from scapy.layers.l2 import Ether
 
 from iwarp_model.verbs import QpState
 from iwarp_tb.nicpair import NODES, NicPairRig
@@ -149,3 +151,36 @@ def test_small_sends_each_way(seed=8):
         assert retransmissions(rig.frames()) == 0
     finally:
         rig.close()
+
+
+@pytest.mark.cocotb
+def test_segments_carry_acks_and_whole_fpdus(seed=9):
+    """16 Writes of 64 KiB each way at once, host memory at 100 ns. Each NIC's ACKs ride on
+    its data segments: an ACK due waits while a chunk goes into the send ring, so the line
+    carries almost no pure ACK (before, nearly every data segment drew one: PSH is on each
+    segment that empties the ring, and is ACKed at once; 5% of the line). And each data
+    segment holds whole FPDUs (scapy walks their length fields from the first octet to the
+    last), as NicCore's TCP plans its segments."""
+    rig = NicPairRig(8, seed=seed)
+    try:
+        rig.host_latency(100)
+        run = RdmaRun(rig, flows=1, size=1 << 16, seed=seed, slice_cycles=64)
+        rig.frames()
+        run.batch("write", 16, directions=("a", "b"))
+        frames = rig.frames()
+        _clean(rig, run)
+    finally:
+        rig.close()
+    kinds = {"data": 0, "pure": 0}
+    for frame in frames:
+        p = Ether(bytes(frame))
+        if TCP not in p or p[TCP].flags.S or p[TCP].flags.F:
+            continue
+        payload = bytes(p[TCP].payload)[:p[IP].len - 4 * p[IP].ihl - 4 * p[TCP].dataofs]
+        kinds["data" if payload else "pure"] += 1
+        at = 0
+        while at < len(payload):        # MPA: a length, the ULPDU, padding to 4, the CRC
+            at += 2 + int.from_bytes(payload[at:at + 2], "big")
+            at += -at % 4 + 4
+        assert at == len(payload), f"a segment of {len(payload)} octets cuts an FPDU"
+    assert kinds["data"] > 2 * 16 * 45 and kinds["pure"] <= kinds["data"] // 50, kinds

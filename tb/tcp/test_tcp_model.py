@@ -7,6 +7,7 @@ kind of bad input, which must be dropped and counted with no effect on the conne
 at or on the others.
 """
 
+import itertools
 import os
 import random
 from dataclasses import replace
@@ -22,6 +23,7 @@ from iwarp_tb.tcprig import MODEL_TCP, ModelWire, NicRig, ip_int
 
 WIDTHS = (1, 8)
 NIC_PORT, MODEL_PORT = 5000, 6000
+MSS = 1460                      # the NIC's and the model's
 
 
 @pytest.fixture(params=WIDTHS, ids=lambda w: f"w{w}")
@@ -123,6 +125,68 @@ def test_bulk_impaired(rig, impair):
                                             "rx_not_ours", "rx_options", "rx_fragment",
                                             "rx_truncated"))
         assert caught > 0, "bit flips reached the NIC but no check counted one"
+
+
+@pytest.mark.parametrize("wire_args, backed_up", [
+    ({}, False),
+    ({"loss": 0.02}, False),
+    ({"config": replace(MODEL_TCP, rcv_buffer=8192)}, True),
+], ids=["clean", "loss0.02", "window8k"])
+def test_segments_hold_whole_chunks(rig, wire_args, backed_up):
+    """Chunks of mixed sizes (1 octet to the MSS), queued faster than the line, leave in
+    segments that each hold whole chunks, as NicCore needs for its FPDUs (RFC 5044 Appendix
+    A: each segment starts with an FPDU): every data segment the NIC sends, retransmissions
+    too, starts at a chunk's start and ends at a chunk's end.
+
+    Where the model's window (8 KiB) holds the data back, the send ring fills, and segments
+    are packed: at most 10% more than the fewest that hold the chunks whole. Otherwise the
+    NIC sends what the ring holds as soon as it is there, often a chunk or two (about 1.5
+    times the fewest at one byte, 1.2 at eight)."""
+    wire = ModelWire(rig, capture=True, **wire_args)
+    passive = nic_listens(rig, wire)
+    rng = random.Random(5)
+    sizes = []
+    while sum(sizes) < (200_000 if rig.width == 8 else 60_000):
+        sizes.append(rng.choice((rng.randint(1, 64), rng.randint(65, MSS), MSS)))
+    data = os.urandom(sum(sizes))
+    rig.host.in_flight = 64         # chunks go in as fast as the engine takes them
+    rig.host.send(0, data, sizes)
+    got = bytearray()
+
+    def done():
+        got.extend(passive.recv())
+        return len(got) >= len(data)
+
+    wire.run(done, timeout=0.5)
+    assert bytes(got) == data, "the model got bad bytes"
+    bounds = set(itertools.accumulate(sizes, initial=0))    # chunk starts, and the end
+    iss, segments = None, set()
+    for frame in wire.captured:
+        p = Ether(frame)
+        if TCP not in p or p[TCP].sport != NIC_PORT:
+            continue
+        if p[TCP].flags.S:
+            iss = p[TCP].seq
+        length = p[IP].len - 4 * p[IP].ihl - 4 * p[TCP].dataofs
+        if length:
+            at = (p[TCP].seq - iss - 1) % (1 << 32)
+            assert at in bounds and at + length in bounds, \
+                f"segment {at}..{at + length} cuts a chunk"
+            assert length <= MSS
+            segments.add((at, length))
+    # The fewest segments that hold the chunks whole: pack greedily.
+    fewest, room = 0, 0
+    for n in sizes:
+        if n > room:
+            fewest, room = fewest + 1, MSS
+        room -= n
+    firsts = {at for at, _ in segments}
+    print(f"{len(sizes)} chunks, {len(firsts)} segments (fewest {fewest}), "
+          f"{rig.h.get('tcp_retransmits')} retransmitted")
+    if backed_up:
+        assert len(firsts) <= fewest * 1.1, f"{len(firsts)} segments, {fewest} would do"
+    if "loss" in wire_args:
+        assert rig.h.get("tcp_retransmits") > 0, "no segment was sent again"
 
 
 def test_sixteen_connections(rig):

@@ -32,8 +32,7 @@ class ReadReserve(wiring.Component):
         reads before it (issued, and their data not yet taken from ``o_data``) can hold its
         ``ceil(length / data_bytes)`` beats. A read must need at most ``beats`` beats (the
         clients here read fixed-size descriptors and operands, or payloads of at most a
-        segment). A read of length 0 reserves
-        nothing (it returns nothing).
+        segment). A read of length 0 reserves nothing (it returns nothing).
     i_data, o_data : In(BeatStream(data_bytes, err=True)), Out(...)
         The reads' data, as the reader returns it (packed from lane 0), through a FIFO of
         ``beats`` beats. ``i_data`` is always ready for the data of the reads passed on.

@@ -5,14 +5,15 @@ timeouts) for the eleven connection states, section 3.8.6 (window management, ze
 probes), section 3.10.7.4 "Other states" (acceptability test, ACK processing, in-order data,
 FIN), RFC 6298 (retransmission timer: SRTT/RTTVAR in ticks, exponential backoff, Karn's rule),
 RFC 5681 section 3.2 (fast retransmit on the third duplicate ACK; no congestion window, see
-below) and 4.2 (an immediate, pure duplicate ACK for data out of order), RFC 2018 (SACK:
-offered in the SYN; the parked run as one SACK block on pure ACKs while a hole is before it),
-RFC 1122 section 4.2.3.2 (delayed ACK: at least every second full segment, and within
-``dack_ticks``), RFC 5961 sections 3-5 (RST and SYN in a synchronised state answered with a
-challenge ACK unless exactly at RCV.NXT; ACKs outside SND.UNA - SND.WND .. SND.MAX dropped; one
-exactly at RCV.NXT in TIME-WAIT ends the connection as CLOSED, since both FINs were acknowledged,
-as the model's TCP does), RFC 7323 section 2 (window scale) and RFC 6528 (keyed initial
-sequence numbers, :mod:`.isn`).
+below) and 4.2 (an immediate, pure duplicate ACK for data out of order), RFC 2018 (SACK: offered
+in the SYN; the parked run as one SACK block on pure ACKs while a hole is before it), RFC 1122
+section 4.2.3.2 (delayed ACK: at least every second full segment or one with PSH, and within
+``dack_ticks``; with ``ack_with_data`` one due waits while a chunk goes into the ring and the
+window lets it go, for the data segment after it to carry), RFC 5961 sections 3-5 (RST and SYN
+in a synchronised state answered with a challenge ACK unless exactly at RCV.NXT; ACKs outside
+SND.UNA - SND.WND .. SND.MAX dropped; one exactly at RCV.NXT in TIME-WAIT ends the connection as
+CLOSED, since both FINs were acknowledged, as the model's TCP does), RFC 7323 section 2 (window
+scale) and RFC 6528 (keyed initial sequence numbers, :mod:`.isn`).
 
 The connection table (TCB) is one block-RAM word per connection. Every event is handled by one
 serial state machine that loads the TCB, decides, and writes it back:
@@ -51,9 +52,24 @@ SACK option (an MSS-sized one would have no room for it): a departure from RFC 2
 the run from the pure ACKs only. Received SACK blocks are ignored: the
 sender repairs by cumulative ACK, fast retransmit and timeout only.
 
+Segments that hold whole chunks (``cut_slots`` > 0; an optimized MPA-aware TCP, RFC 5044
+Appendix A: the NIC's chunks are FPDUs, and each segment should start with one). Without it a
+segment is cut at the MSS wherever that falls, so once the send ring backs up most segments
+start inside a chunk. With it, each admitted chunk of at most the MSS is planned into a
+segment: it joins the open planned segment if that stays within the MSS, or closes it and opens
+the next. The planned segments' ends wait in the connection's *cut list* (``cut_slots``
+sequence numbers per connection, one block RAM for all) until acknowledged. A data segment, a
+fast retransmission and the segments resent after a timeout each end at the next planned end
+(or sooner, at the end of the bytes stored). One the window cannot hold whole waits for the
+peer's next segment (an ACK or a window update), or with nothing in flight for the persist
+timer, which sends what the window holds (the one case where a segment is cut inside a chunk,
+with chunks longer than the MSS). A chunk that needs a list entry while the list holds
+``cut_slots`` ends not yet acknowledged waits as for a full ring.
+
 Throughput and latency: an event takes 9 cycles (a ring write report, a park visit, a command)
 to 17 (a received segment whose connection heads its lookup chain, 6 of them in the lookup);
-a transmit turn takes 12 or 13, a chunk and a timer visit 10; plus one per event reported, one
+a transmit turn takes 12 or 13 (with ``cut_slots`` one more, and three per list entry it
+finds behind SND.NXT), a chunk and a timer visit 10; plus one per event reported, one
 for an RTT sample and four for any but a connection's first, one per further entry of the
 lookup's chain, and for opens and closes the ISN and the lookup table's update. A full-size
 segment lasts 183 cycles at 8 bytes per beat, so one data segment in each direction and its
@@ -129,8 +145,17 @@ class State(enum.Enum, shape=4):
 TIME_BITS = 24  # timer fields, in ticks; deadlines compare modulo 2**TIME_BITS
 
 
-def Tcb():
-    """One connection's state (RFC 9293 section 3.3.1 names, plus the timers)."""
+def Tcb(cut_slots=0):
+    """One connection's state (RFC 9293 section 3.3.1 names, plus the timers), and with
+    ``cut_slots`` the planned segments' bookkeeping (see :class:`TcpControl`)."""
+    cuts = {} if not cut_slots else {
+        "cut_open": 32,     # where the planned segment still open starts
+        # Indices (modulo 2 * cut_slots) into the connection's cut list: its oldest entry,
+        # the first SND.NXT has not reached, and the next free one.
+        "cut_una": cut_slots.bit_length(), "cut_nxt": cut_slots.bit_length(),
+        "cut_end": cut_slots.bit_length(),
+        "cut_wait": 1,      # the next planned segment waits for the window to hold it whole
+    }
     return data.StructLayout({
         "state": State,
         "remote_ip": 32, "remote_port": 16, "local_port": 16,
@@ -148,6 +173,7 @@ def Tcb():
         "rto_armed": 1, "rto_deadline": TIME_BITS, "rto_cur": TIME_BITS,
         "rtt_active": 1, "rtt_seq": 32, "rtt_start": TIME_BITS,
         "have_srtt": 1, "srtt8": TIME_BITS, "rttvar4": TIME_BITS,
+        **cuts,
     })
 
 
@@ -213,6 +239,13 @@ class TcpControl(wiring.Component):
     park_segments : int
         Out-of-order segments (of at most ``mss`` bytes) the park buffer holds; the engine
         sizes the buffer so that they always fit.
+    ack_with_data : bool
+        An ACK due (not one for data out of order) waits while a chunk goes into the ring and
+        the window lets its bytes go: the data segment after it carries the ACK.
+    cut_slots : int
+        0, or a power of two: the planned segments' ends each connection keeps, so that
+        segments hold whole chunks (see above). ``ring_bytes / mss`` of them cover a ring of
+        full-sized chunks; fewer bound the chunks queued and in flight.
     verdicts : int
         Verdicts that may wait for the receive side (``o_verdict``) before the machine stops
         taking segments. While it is stopped, ``i_seg`` waits, and so does everything before
@@ -243,7 +276,7 @@ class TcpControl(wiring.Component):
     def __init__(self, *, conns=16, ring_bytes=1 << 16, mss=1460, rcv_ws=7, clock_hz=125_000_000,
                  tick_cycles=1024, rto_initial=None, rto_min=None, rto_max=None, dack_ticks=None,
                  time_wait_ticks=None, max_retries=8, listen_slots=16, park_segments=32,
-                 verdicts=8):
+                 verdicts=8, cut_slots=0, ack_with_data=False):
         ticks_per_s = clock_hz / tick_cycles
         if ring_bytes & (ring_bytes - 1) or ring_bytes < 64:
             raise ValueError("ring_bytes must be a power of two >= 64")
@@ -270,6 +303,10 @@ class TcpControl(wiring.Component):
         self.verdicts = verdicts
         if park_segments < 1:
             raise ValueError("park_segments must be 1 or more")
+        if cut_slots and (cut_slots & (cut_slots - 1) or cut_slots < 2):
+            raise ValueError("cut_slots must be 0 or a power of two >= 2")
+        self.cut_slots = cut_slots
+        self.ack_with_data = ack_with_data
         self.park_segments = park_segments
         cb = conn_bits(conns)
         members = {
@@ -293,7 +330,7 @@ class TcpControl(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         conns, cb, ls = self.conns, conn_bits(self.conns), self.listen_slots
-        tcb_shape = Tcb()
+        tcb_shape = Tcb(self.cut_slots)
         stats_shape = data.StructLayout({n: 32 for n in CONN_COUNTERS})
 
         m.submodules.tcb_mem = tcb_mem = memory.Memory(shape=tcb_shape, depth=conns, init=[])
@@ -305,6 +342,19 @@ class TcpControl(wiring.Component):
         m.d.comb += stats_host.addr.eq(self.stat_conn)
         for n in CONN_COUNTERS:
             m.d.comb += getattr(self, f"stat_{n}").eq(stats_host.data[n])
+
+        # The planned segments' ends (``cut_slots``): each connection's list, a ring of
+        # ``cut_slots`` sequence numbers, in one block RAM (the connection's number above the
+        # index). Read in LOADED (and TX_R) for the next state, written in CHUNK_B.
+        align = self.cut_slots > 0
+        if align:
+            m.submodules.cut_mem = cut_mem = memory.Memory(shape=32, depth=conns * self.cut_slots,
+                                                           init=[])
+            cut_rd, cut_wr = cut_mem.read_port(), cut_mem.write_port()
+            index_bits = self.cut_slots.bit_length() - 1
+
+            def cut_addr(index):
+                return Cat(index[:index_bits], conn)
 
         m.submodules.lookup = lookup = ConnLookup(conns)
         m.submodules.isn = isn = IsnGenerator(self.clock_hz)
@@ -464,6 +514,7 @@ class TcpControl(wiring.Component):
         # rcv_right = RCV.NXT + RCV.WND.
         rcv_wnd, rcv_right = Signal(32), Signal(32)
         data_waiting = Signal()     # bytes in the ring, not yet sent
+        writing = Signal()          # with ``ack_with_data``: a chunk is going into the ring
         in_flight = Signal()        # SND.UNA != SND.MAX
         una_at_nxt = Signal()       # SND.NXT == SND.UNA
         fin_due = Signal()          # the FIN is next: queued, and every byte before it sent
@@ -474,6 +525,7 @@ class TcpControl(wiring.Component):
         free_right, adv_grow = Signal(32), Signal(32)
         ring_used = Signal(32)
         park_head_end = Signal(32)
+        open_len = Signal(32)       # with ``cut_slots``: the open planned segment's bytes
 
         def derive(tcb, name):
             """Register the derived values above from the TCB ``tcb``."""
@@ -481,6 +533,8 @@ class TcpControl(wiring.Component):
                                             for k in range(15)], 32, f"wnd_scaled_{name}")
             behind = _before(tcb.rcv_adv, tcb.rcv_nxt)
             waiting, flying = _before(tcb.snd_nxt, tcb.snd_ready), tcb.snd_una != tcb.snd_max
+            if self.ack_with_data:
+                m.d.sync += writing.eq(tcb.snd_ready != tcb.snd_end)
             m.d.sync += [
                 wnd_left.eq(wrap_sub(m, tcb.snd_una, scaled, 32, f"wnd_left_{name}")),
                 wnd_right.eq(wrap_add(m, tcb.snd_una, scaled, 32, f"wnd_right_{name}")),
@@ -503,11 +557,25 @@ class TcpControl(wiring.Component):
         opening = _in(t.state, State.SYN_SENT, State.SYN_RCVD)
         window_open = _before(t.snd_nxt, wnd_right)
         wants_tx = Signal()
+        data_due = data_waiting & window_open
+        # An ACK due waits while a chunk is going into the ring and the window lets its bytes
+        # go: the data segment that follows carries it (with data both ways, a pure ACK per
+        # segment cost 5% of the line at 8 bytes). Not the ACKs for data out of order.
+        ack_due = synced & t.ack_now
+        if self.ack_with_data:
+            ack_due &= ~(sending & writing & window_open & ~t.ack_pure
+                         & (~t.cut_wait if align else 1))
+        if align:
+            data_due &= ~t.cut_wait
         m.d.comb += wants_tx.eq(
             (opening & una_at_nxt)
-            | (synced & t.ack_now)
-            | (sending & (t.fast_rtx | t.probe | fin_due | (data_waiting & window_open))))
-        persist = sending & ~in_flight & is_zero(t.snd_wnd) & data_waiting
+            | ack_due
+            | (sending & (t.fast_rtx | t.probe | fin_due | data_due)))
+        # Persist (RFC 9293 3.8.6.1): nothing in flight and a zero window, or with
+        # ``cut_slots`` a window too short for the next planned segment (its timer then sends
+        # what the window holds: 3.8.6.2.1's override of sender-side SWS avoidance).
+        shut = (is_zero(t.snd_wnd) | t.cut_wait) if align else is_zero(t.snd_wnd)
+        persist = sending & ~in_flight & shut & data_waiting
         needs_timer = opening | (synced & in_flight) | persist | _in(t.state, State.TIME_WAIT)
 
         # The next source, round-robin from `turn`: RX, TX, chunk, command, timer, ring write
@@ -549,8 +617,8 @@ class TcpControl(wiring.Component):
         fsm = Machine(m, ["IDLE", "TAKE", "RX_LOOKUP", "RX_WAIT", "NO_CONN", "LOAD", "LOADED",
                           "RX_A", "RX_P", "RX_B", "ISN", "TX_A", "TX_B", "TX_C", "TX_D", "TX_E",
                           "CHUNK", "CHUNK_B", "WRITTEN", "PARK", "CMD", "TIMER", "TIMER_B", "FIX",
-                          "RTT_A", "RTT_B", "RTO", "COMMIT", "EVENTS", "TABLE"], "tcp_state",
-                      onehot=True)
+                          "RTT_A", "RTT_B", "RTO", "COMMIT", "EVENTS", "TABLE",
+                          *(("TX_P", "TX_R") if align else ())], "tcp_state", onehot=True)
 
         with fsm.state("IDLE"):
             m.d.sync += [verdict_valid.eq(0), seg_valid.eq(0), ev_valid.eq(0),
@@ -727,6 +795,16 @@ class TcpControl(wiring.Component):
                 ring_used.eq(wrap_sub(m, loaded.snd_end, loaded.snd_una, 32, "ring_used_sum")),
                 park_head_end.eq(wrap_add(m, park_head, parked.r_data, 32, "park_head_end_sum")),
             ]
+            if align:
+                # The cut list's entry the event needs next: a chunk's and a fast
+                # retransmission's the oldest, a transmit turn's the first after SND.NXT.
+                use_una = ~eq(kind, K_TX) | loaded.fast_rtx
+                m.d.comb += cut_rd.addr.eq(cut_addr(Mux(use_una, loaded.cut_una,
+                                                        loaded.cut_nxt)))
+                m.d.sync += open_len.eq(wrap_sub(m, loaded.snd_end, loaded.cut_open, 32,
+                                                 "open_len_sum"))
+                with m.If(eq(kind, K_RX)):
+                    m.d.sync += t.cut_wait.eq(0)    # the segment may have moved the window
             for k, name in ((K_RX, "RX_A"), (K_TX, "TX_A"), (K_CHUNK, "CHUNK"),
                             (K_CMD, "CMD"), (K_TIMER, "TIMER"), (K_WRITTEN, "WRITTEN"),
                             (K_PARK, "PARK")):
@@ -996,6 +1074,9 @@ class TcpControl(wiring.Component):
                              t.probe.eq(0), t.dupacks.eq(0), t.retries.eq(0),
                              t.rto_armed.eq(0), t.rto_cur.eq(self.rto_initial),
                              t.rtt_active.eq(0), t.have_srtt.eq(0), st.eq(0)]
+                if align:
+                    m.d.sync += [t.cut_open.eq(iss + 1), t.cut_una.eq(0), t.cut_nxt.eq(0),
+                                 t.cut_end.eq(0), t.cut_wait.eq(0)]
                 fsm.goto("FIX")
 
         # ---- TX turn: at most one segment (RFC 9293 3.10.2 SEND, 3.8.6.2.1, 3.8.6.1).
@@ -1014,6 +1095,10 @@ class TcpControl(wiring.Component):
         adv_field = Signal(16)
         win_open = Signal()         # window_open, as TX_A found it
         nxt_behind_max = Signal()   # SND.NXT < SND.MAX: data from SND.NXT was sent before
+        # With ``cut_slots``: the cut list's entry for this turn, as bytes past its base, and
+        # whether there is one; ``plan``: the bytes the next data segment may carry (to the
+        # entry, or ``avail``); ``cut_short``: the entry comes before the end of ``avail``.
+        cut_len, cut_have, plan, cut_short = Signal(32), Signal(), Signal(32), Signal()
         syn_again = Signal()        # SND.MAX != SND.UNA: the SYN was sent before
         with fsm.state("TX_A"):
             m.d.sync += [avail.eq(Mux(data_waiting, t.snd_ready - t.snd_nxt, 0)),
@@ -1030,7 +1115,39 @@ class TcpControl(wiring.Component):
             m.d.comb += held_field.eq(Mux(t.ws_on, (rcv_wnd >> self.rcv_ws)[:16],
                                           Mux(rcv_wnd[16:].any(), 0xFFFF, rcv_wnd[:16])))
             m.d.sync += adv_field.eq(Mux(moved, free_field, held_field))
-            fsm.goto("TX_B")
+            if align:
+                base = Mux(t.fast_rtx, t.snd_una, t.snd_nxt)
+                m.d.sync += [cut_len.eq(wrap_sub(m, cut_rd.data, base, 32, "cut_len_sum")),
+                             cut_have.eq(Mux(t.fast_rtx, t.cut_una, t.cut_nxt) != t.cut_end)]
+                fsm.goto("TX_P")
+            else:
+                fsm.goto("TX_B")
+
+        if align:
+            # TX_P: the cut list's entry read for this turn (``cut_len`` past its base: SND.UNA
+            # for a fast retransmission, SND.NXT otherwise). One the base has reached or passed
+            # is behind (acknowledged, or sent: a timeout or an ACK moved SND.NXT): TX_P skips
+            # it and TX_R reads the next, then TX_A again. Otherwise the segment may go as far
+            # as the entry (``plan``, ``una_span``) and no further.
+            with fsm.state("TX_P"):
+                behind = cut_have & (is_zero(cut_len) | cut_len[31])
+                with m.If(behind):
+                    fsm.goto("TX_R")
+                    with m.If(t.fast_rtx):
+                        m.d.sync += t.cut_una.eq(add(t.cut_una, 1))
+                        with m.If(t.cut_nxt == t.cut_una):
+                            m.d.sync += t.cut_nxt.eq(add(t.cut_nxt, 1))
+                    with m.Else():
+                        m.d.sync += t.cut_nxt.eq(add(t.cut_nxt, 1))
+                with m.Else():
+                    fsm.goto("TX_B")
+                    short = cut_have & ~t.fast_rtx & (cut_len < avail)
+                    m.d.sync += [plan.eq(Mux(short, cut_len, avail)), cut_short.eq(short),
+                                 una_span.eq(Mux(cut_have & t.fast_rtx & (cut_len < una_span),
+                                                 cut_len, una_span))]
+            with fsm.state("TX_R"):
+                fsm.goto("TX_A")
+                m.d.comb += cut_rd.addr.eq(cut_addr(Mux(t.fast_rtx, t.cut_una, t.cut_nxt)))
 
         # TX_A sets the geometry from SND.NXT; TX_B the lengths it allows; TX_C decides which
         # segment (if any) and registers it; TX_D emits it; TX_E moves SND.NXT/SND.MAX past it.
@@ -1039,17 +1156,26 @@ class TcpControl(wiring.Component):
         data_len = Signal(16)       # min(avail, usable, MSS): the next data segment's length
         data_all = Signal()         # data_len == avail: the segment empties the ring
         fast_len = Signal(16)       # min(una_span, MSS): a fast retransmission's length
+        cut_hold = Signal()         # with ``cut_slots``: the next data segment waits (TX_B)
         with fsm.state("TX_B"):
             fsm.goto("TX_C")
             mss32 = Signal(32)
             m.d.comb += mss32.eq(t.mss)
-            avail_over_usable, avail_over_mss = avail > usable, avail > mss32
+            want = plan if align else avail
+            want_over_usable, want_over_mss = want > usable, want > mss32
             m.d.sync += [
-                data_len.eq(Mux(avail_over_usable, Mux(usable > mss32, mss32, usable),
-                                Mux(avail_over_mss, mss32, avail))[:16]),
-                data_all.eq(~avail_over_usable & ~avail_over_mss),
+                data_len.eq(Mux(want_over_usable, Mux(usable > mss32, mss32, usable),
+                                Mux(want_over_mss, mss32, want))[:16]),
+                data_all.eq(~want_over_usable & ~want_over_mss & ~cut_short if align
+                            else ~want_over_usable & ~want_over_mss),
                 fast_len.eq(Mux(una_span > mss32, mss32, una_span)[:16]),
             ]
+            if align:
+                # A planned segment the window cannot hold whole waits for a segment from the
+                # peer (an ACK, a window update); with nothing in flight, also for the persist
+                # timer, which then sends what the window holds (``t.probe``).
+                m.d.sync += cut_hold.eq(~t.fast_rtx & ~t.probe & ~want_over_mss
+                                        & want_over_usable)
 
         TxKind = ("NONE", "SYN", "FAST_RTX", "PROBE", "DATA", "ACK")
         tx_kind = Signal(range(len(TxKind)))
@@ -1081,17 +1207,29 @@ class TcpControl(wiring.Component):
                 decide("ACK", t.snd_nxt, 0, ACK, 0)
             with m.Elif(sending & t.fast_rtx):
                 decide("FAST_RTX", t.snd_una, fast_len, ACK, 1)
-            with m.Elif(sending & t.probe & data_waiting):
+            probe_go = sending & t.probe & data_waiting
+            if align:
+                probe_go &= ~win_open       # an open window takes the planned segment, cut
+            with m.Elif(probe_go):
                 decide("PROBE", t.snd_nxt, 1, ACK, 0)
-            with m.Elif(sending & ((data_waiting & win_open) | fin_due)):
+            data_go = data_waiting & win_open
+            if align:
+                data_go &= ~cut_hold
+            with m.Elif(sending & (data_go | fin_due)):
                 # FIN on the segment that reaches the end of the queued data, PSH on the one
                 # that empties the ring (``to_end``, ``avail``: from SND.NXT, set in TX_A).
                 decide("DATA", t.snd_nxt, data_len,
                        Mux(t.fin_pending & (data_len32 == to_end), ACK | FIN,
                            Mux(data_all, ACK | PSH, ACK)),
                        nxt_behind_max)
-            with m.Elif(synced & t.ack_now):
+            ack_go = synced & t.ack_now
+            if self.ack_with_data:
+                ack_go &= ~(sending & writing & win_open & (~cut_hold if align else 1))
+            with m.Elif(ack_go):
                 decide("ACK", t.snd_nxt, 0, ACK, 0)
+            if align:
+                with m.If(cut_hold):
+                    m.d.sync += t.cut_wait.eq(1)    # no turn for data until another event
 
         with fsm.state("TX_D"):
             fsm.goto("FIX")
@@ -1144,21 +1282,43 @@ class TcpControl(wiring.Component):
             fsm.goto("FIX")
             m.d.sync += [t.snd_nxt.eq(tx_after),
                          t.snd_max.eq(Mux(_before(t.snd_max, tx_after), tx_after, t.snd_max))]
+            if align:
+                with m.If(kind_is("DATA") & cut_have & ~cut_len[16:].any()
+                          & (tx_len == cut_len[:16])):
+                    m.d.sync += t.cut_nxt.eq(add(t.cut_nxt, 1))     # the segment reached it
 
         # ---- Host chunk: admit it into the send ring, or drop one with nowhere to go.
         # CHUNK finds whether it fits (`ring_used` from LOADED), CHUNK_B acts.
+        # With ``cut_slots`` (the planned segments): a chunk of at most the MSS that would make
+        # the open planned segment longer than the MSS closes it (``cut_new``: its end, the
+        # chunk's start, joins the cut list) and opens the next (a longer chunk is cut at the
+        # MSS anyway, so it starts no segment of its own); the list's oldest entry, once
+        # acknowledged (``cut_acked``), leaves it. A chunk that needs an entry while the
+        # list is full of entries not yet acknowledged waits, as for a full ring.
         ring_over = Signal()
+        cut_new, cut_full, cut_acked = Signal(), Signal(), Signal()
         with fsm.state("CHUNK"):
             fsm.goto("CHUNK_B")
             m.d.sync += ring_over.eq(gt(wrap_add(m, ring_used, chunk.length, 32, "ring_total"),
                                         self.ring_bytes))
+            if align:
+                send_mss = Signal(32)
+                m.d.comb += send_mss.eq(t.mss)
+                used = wrap_sub(m, t.cut_end, t.cut_una, len(t.cut_end), "cut_used")
+                m.d.sync += [
+                    cut_new.eq(~is_zero(open_len) & ~(chunk.length > t.mss)
+                               & (wrap_add(m, open_len, chunk.length, 32, "open_total")
+                                  > send_mss)),
+                    cut_full.eq(eq(used, self.cut_slots)),
+                    cut_acked.eq((t.cut_una != t.cut_end) & ~_before(t.snd_una, cut_rd.data)),
+                ]
         with fsm.state("CHUNK_B"):
             fsm.goto("FIX")
             can_send = _in(t.state, State.ESTABLISHED, State.CLOSE_WAIT) & ~t.fin_pending
             with m.If(~can_send):
                 m.d.comb += self.i_chunk.ready.eq(1)
                 m.d.sync += [route_keep.eq(0), route_valid.eq(1)]
-            with m.Elif(ring_over):
+            with m.Elif(ring_over | (cut_new & cut_full & ~cut_acked) if align else ring_over):
                 m.d.sync += chunk_retry.eq(0)
             with m.Else():
                 m.d.comb += self.i_chunk.ready.eq(1)
@@ -1166,6 +1326,15 @@ class TcpControl(wiring.Component):
                 m.d.comb += chunk32.eq(chunk.length)
                 m.d.sync += [route_keep.eq(1), route_valid.eq(1), ring_valid.eq(1),
                              t.snd_end.eq(t.snd_end + chunk32)]
+                if align:
+                    with m.If(cut_acked):
+                        m.d.sync += t.cut_una.eq(add(t.cut_una, 1))
+                        with m.If(t.cut_nxt == t.cut_una):
+                            m.d.sync += t.cut_nxt.eq(add(t.cut_nxt, 1))
+                    with m.If(cut_new):
+                        m.d.comb += [cut_wr.addr.eq(cut_addr(t.cut_end)),
+                                     cut_wr.data.eq(t.snd_end), cut_wr.en.eq(1)]
+                        m.d.sync += [t.cut_end.eq(add(t.cut_end, 1)), t.cut_open.eq(t.snd_end)]
 
         # ---- Park visit: the oldest parked segment leaves the park once RCV.NXT has reached it
         # (its bytes past RCV.NXT delivered, the rest dropped), or at once if the connection
@@ -1282,6 +1451,9 @@ class TcpControl(wiring.Component):
                 m.d.sync += [t.retries.eq(t.retries + 1), t.snd_nxt.eq(t.snd_una),
                              t.rto_cur.eq(rto_doubled), t.rtt_active.eq(0),
                              t.dupacks.eq(0), t.fast_rtx.eq(0)]
+                if align:
+                    # The segments go again as planned, with the window as it now is.
+                    m.d.sync += [t.cut_nxt.eq(t.cut_una), t.cut_wait.eq(0)]
 
         # ---- Common end: the derived values again, for COMMIT; a later RTT sample averaged in
         # (RTT_A, RTT_B: RFC 6298 2.3, SRTT and RTTVAR scaled by 8 and 4, ``rtt - SRTT`` and
@@ -1295,7 +1467,7 @@ class TcpControl(wiring.Component):
         timer_arm = Signal()        # something needs it and it is not armed: arm it
         with fsm.state("FIX"):
             waiting, flying = derive(t, "fixed")
-            stuck = sending & ~flying & is_zero(t.snd_wnd) & waiting     # `persist`, of `t`
+            stuck = sending & ~flying & shut & waiting      # `persist`, of `t`
             needed = opening | (synced & flying) | stuck | _in(t.state, State.TIME_WAIT)
             m.d.sync += [timer_off.eq(~needed), timer_arm.eq(needed & ~t.rto_armed)]
             m.d.sync += rto_sum.eq((t.srtt8 >> 3) + Mux(is_zero(t.rttvar4), 1, t.rttvar4))
