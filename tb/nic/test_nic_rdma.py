@@ -23,6 +23,7 @@ from scapy.layers.inet import IP, TCP
 from scapy.layers.l2 import Ether
 
 from iwarp_model.verbs import QpState
+from iwarp_model.wire.fpdu import Deframer
 from iwarp_tb.nicpair import NODES, NicPairRig
 from iwarp_tb.rdma_run import OPS, RdmaRun
 from iwarp_tb.sim import retransmissions
@@ -159,8 +160,9 @@ def test_segments_carry_acks_and_whole_fpdus(seed=9):
     its data segments: an ACK due waits while a chunk goes into the send ring, so the line
     carries almost no pure ACK (before, nearly every data segment drew one: PSH is on each
     segment that empties the ring, and is ACKed at once; 5% of the line). And each data
-    segment holds whole FPDUs (scapy walks their length fields from the first octet to the
-    last), as NicCore's TCP plans its segments."""
+    segment holds whole FPDUs, as NicCore's TCP plans its segments: the model's deframer,
+    given the segment's payload alone (scapy finds it), returns ULPDUs with good CRCs and
+    keeps no octet back."""
     rig = NicPairRig(8, seed=seed)
     try:
         rig.host_latency(100)
@@ -178,9 +180,7 @@ def test_segments_carry_acks_and_whole_fpdus(seed=9):
             continue
         payload = bytes(p[TCP].payload)[:p[IP].len - 4 * p[IP].ihl - 4 * p[TCP].dataofs]
         kinds["data" if payload else "pure"] += 1
-        at = 0
-        while at < len(payload):        # MPA: a length, the ULPDU, padding to 4, the CRC
-            at += 2 + int.from_bytes(payload[at:at + 2], "big")
-            at += -at % 4 + 4
-        assert at == len(payload), f"a segment of {len(payload)} octets cuts an FPDU"
+        deframer = Deframer(crc=True, markers=False)
+        assert deframer.feed(payload) or not payload
+        assert deframer.buffered == 0, f"a segment of {len(payload)} octets cuts an FPDU"
     assert kinds["data"] > 2 * 16 * 45 and kinds["pure"] <= kinds["data"] // 50, kinds
