@@ -9,10 +9,15 @@ both directions at once, and single 8-byte operations on an idle line
 What is timed (cycles of the NICs' clock, from the harness):
 
 * A batch: from the cycle its first doorbell write starts to the cycle its last completion is
-  seen: the receiver's (a Write batch ends with a Write with Immediate Data, whose receive
-  completes once every Write before it is placed, RFC 5040 section 5.4; a Send's receive),
-  or the Reader's (a Read's end). Completions are looked for every ``slice`` cycles, so a
-  batch's cycles are exact to a slice.
+  seen: the receiver's (a Write batch starts and ends with a Write with Immediate Data, whose
+  receive completes once every Write before it is placed, RFC 5040 section 5.4; a Send's
+  receive), or the Reader's (a Read's end). Completions are looked for every ``slice``
+  cycles, so a batch's cycles are exact to a slice.
+* A batch's steady rate: in each direction, the octets of the messages after the first over
+  the cycles from the first message's completion where its data lands (the receiver's for a
+  Write, whose first carries Immediate Data, and for a Send; the Reader's for a Read) to the
+  direction's end. The pipeline's fill (doorbell to that completion) is left out, so this is
+  the rate a long stream of such messages keeps; the latency records measure the fill alone.
 * Latency: from the cycle the doorbell write starts to the cycle the last octet is in the
   target's host memory (the peer's for a Write or a Send, this end's for a Read): memory is
   looked at every cycle.
@@ -46,6 +51,9 @@ class Batch:
     directions: tuple
     cycles: int
     payload: int            # octets moved, every direction together
+    #: Octets per cycle of every direction together, each direction from its first message's
+    #: completion to its end (see the module docstring); None for a batch of one message.
+    steady: float | None = None
 
     @property
     def bytes_per_cycle(self):
@@ -106,10 +114,13 @@ class RdmaRun:
         if op in ("write", "send"):
             last = WrOpcode.RDMA_WRITE_WITH_IMM if op == "write" else WrOpcode.SEND
             opcode = WrOpcode.RDMA_WRITE if op == "write" else WrOpcode.SEND
-            sends = [SendWR(k, opcode if k < count - 1 else last, side.sge(side.src, length),
-                            SendFlags.SIGNALED, imm_data=k, **remote) for k in range(count)]
+            # The first and the last Write carry Immediate Data: their receives complete once
+            # each is placed, which times the batch at the receiver (the steady rate's span).
+            sends = [SendWR(k, opcode if 0 < k < count - 1 else last,
+                            side.sge(side.src, length), SendFlags.SIGNALED, imm_data=k, **remote)
+                     for k in range(count)]
             sink = [] if op == "write" else peer.sge(peer.dst, length)
-            recvs = [RecvWR(k, sink) for k in range(1 if op == "write" else count)]
+            recvs = [RecvWR(k, sink) for k in range(min(count, 2) if op == "write" else count)]
             return sends, recvs
         if op == "read":
             return [SendWR(k, WrOpcode.RDMA_READ, side.sge(side.dst, length), SendFlags.SIGNALED,
@@ -145,13 +156,22 @@ class RdmaRun:
         start = self.h.cycle
         for side, _, sends, _ in plans:
             side.qp.post_send(sends)
+        # Per plan, the cycle its first message's completion was seen in (the receiver's for
+        # Writes and Sends, else the send queue's) and the cycle it ended.
+        firsts = [peer.received if op in ("write", "send") else side.sent
+                  for side, peer, _, _ in plans]
+        first, last = [None] * len(plans), [None] * len(plans)
 
         def done():
             for side, peer, _, _ in plans:
                 side.poll()
                 peer.poll()
-            return all(self._ended(op, side, peer, sends, recvs)
-                       for side, peer, sends, recvs in plans)
+            for k, (side, peer, sends, recvs) in enumerate(plans):
+                if first[k] is None and firsts[k]:
+                    first[k] = self.h.cycle
+                if last[k] is None and self._ended(op, side, peer, sends, recvs):
+                    last[k] = self.h.cycle
+            return all(k is not None for k in last)
 
         wire = count * (length + 64) * len(self.flows) * len(directions)
         timeout = timeout_cycles or 8 * wire // self.rig.width + 200_000
@@ -160,7 +180,10 @@ class RdmaRun:
         for side, peer, sends, recvs in plans:
             self._check(op, side, peer, sends, recvs, length)
         moved = 0 if op == "imm" else length * count * len(self.flows) * len(directions)
-        return Batch(op, length, count, tuple(directions), cycles, moved)
+        spans = [end - begin for begin, end in zip(first, last)]
+        steady = (sum((count - 1) * length / span for span in spans)
+                  if count > 1 and all(spans) else None)
+        return Batch(op, length, count, tuple(directions), cycles, moved, steady)
 
     @staticmethod
     def _ended(op, side, peer, sends, recvs):

@@ -4,10 +4,10 @@ Two :class:`~iwarp_nic.core.NicCore` back to back over a simulated link
 (:class:`~iwarp_tb.nicpair.NicPair`, Verilated natively), each driven by the verbs driver
 (:mod:`iwarp_tb.driver`) through its registers, with host memory answering after a latency.
 It opens ``--qps`` connections (TCP, then the MPA exchange), then runs, on every connection,
-a batch of each operation of ``--ops`` one way, then both ways at once: RDMA Writes (the last
-with Immediate Data), Sends, Reads of ``--size`` octets, fetch-and-adds, Immediate Data. Then
-single 8-byte Writes, Sends and Reads on an idle line for latency. Every octet and every
-completion is checked (:mod:`iwarp_tb.rdma_run`).
+a batch of each operation of ``--ops`` one way, then both ways at once: RDMA Writes (the first
+and the last with Immediate Data), Sends, Reads of ``--size`` octets, fetch-and-adds,
+Immediate Data. Then single 8-byte Writes, Sends and Reads on an idle line for latency. Every
+octet and every completion is checked (:mod:`iwarp_tb.rdma_run`).
 
 It prints a report: per batch the operations, octets, cycles, goodput in Gb/s at the width's
 nominal clock and as a fraction of the wire's ceiling for that message (what is left of the
@@ -66,7 +66,7 @@ def expected_opcodes(batches, latencies, qps):
         if b.op in ("write", "send", "read"):
             name = {"write": "Write", "send": "Send", "read": "Read Response"}[b.op]
             count[name] += n * segments(b.op, b.size)
-        count.update({"write": {"Unknown": qps * len(b.directions)},
+        count.update({"write": {"Unknown": min(b.count, 2) * qps * len(b.directions)},
                       "read": {"Read Request": n},
                       "atomic": {"Atomic Request": n, "Atomic Response": n},
                       "imm": {"Unknown": n}}.get(b.op, {}))

@@ -5,11 +5,11 @@ of :mod:`iwarp_nic.ip`. A packet is a header transfer and, when the header says 
 payload beats (DESIGN.md section 2); both blocks keep a packet's header and payload together.
 """
 
-from amaranth import Module, Signal
+from amaranth import Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..exact import eq, select
+from ..exact import add, eq, select, sub
 from ..stream import BeatStream, check_data_bytes
 
 __all__ = ["Demux", "Arbiter"]
@@ -104,12 +104,21 @@ class Arbiter(wiring.Component):
     and the next grant goes to the first requesting source after it. Combinational (zero
     latency); a packet costs one cycle for its header plus its payload beats. Back-pressure
     passes straight through.
+
+    ``ahead``: how many further headers may pass while a payload is still on its way (0: the
+    next header waits for the last payload beat). Payloads leave in their headers' order. A
+    consumer that prepares for a packet on its header (as the TCP engine admits a chunk into its
+    send ring) then does so while the previous payload flows, instead of between payloads,
+    where it would leave the payload stream idle.
     """
 
-    def __init__(self, header_shape, data_bytes, ways):
+    def __init__(self, header_shape, data_bytes, ways, *, ahead=0):
         check_data_bytes(data_bytes)
         _check_ways(ways, 2)
+        if not isinstance(ahead, int) or ahead < 0:
+            raise ValueError(f"ahead must be an integer >= 0, not {ahead!r}")
         self.ways = ways
+        self.ahead = ahead
         super().__init__({
             "i_header": In(stream.Signature(header_shape)).array(ways),
             "i_payload": In(BeatStream(data_bytes, err=True)).array(ways),
@@ -119,8 +128,12 @@ class Arbiter(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        busy = Signal()
-        grant = Signal(range(self.ways))
+        depth = self.ahead + 1
+        flag = depth == 1  # no header ahead: a payload is on its way or not
+        # The ways granted whose payloads have not ended, oldest first, and how many.
+        level = Signal(range(depth + 1), name="busy" if flag else "level")
+        grants = [Signal(range(self.ways), name="grant" if flag else f"grant{j}")
+                  for j in range(depth)]
         # Round robin: `after` has a bit set for each way after the last granted one.
         after = Signal(self.ways)
         pick = Signal(range(self.ways))
@@ -136,22 +149,40 @@ class Arbiter(wiring.Component):
         next_after = select(m, pick, [(1 << self.ways) - (2 << k) for k in range(self.ways)],
                             self.ways, "next_after")
 
-        with m.If(~busy):
+        taken = self.o_header.valid & self.o_header.ready
+        ended = self.o_payload.valid & self.o_payload.ready & self.o_payload.payload.last
+        with m.If(~level if flag else ~eq(level, depth)):
             for k in range(self.ways):
                 with m.If(eq(pick, k)):
                     src = self.i_header[k]
                     m.d.comb += [self.o_header.valid.eq(src.valid),
                                  self.o_header.payload.eq(src.payload),
                                  src.ready.eq(self.o_header.ready)]
-            with m.If(self.o_header.valid & self.o_header.ready):
-                m.d.sync += [busy.eq(1), grant.eq(pick), after.eq(next_after)]
-        with m.Else():
+            with m.If(taken):
+                m.d.sync += ([level.eq(1), grants[0].eq(pick)] if flag else []) + [
+                    after.eq(next_after)]
+        with m.Else() if flag else m.If(~eq(level, 0)):
             for k in range(self.ways):
-                with m.If(eq(grant, k)):
+                with m.If(eq(grants[0], k)):
                     src = self.i_payload[k]
                     m.d.comb += [self.o_payload.valid.eq(src.valid),
                                  self.o_payload.payload.eq(src.payload),
                                  src.ready.eq(self.o_payload.ready)]
-            with m.If(self.o_payload.valid & self.o_payload.ready & self.o_payload.payload.last):
-                m.d.sync += busy.eq(0)
+            if flag:
+                with m.If(ended):
+                    m.d.sync += level.eq(0)
+        if not flag:
+            # An ended payload shifts the grants down; a taken header joins behind those
+            # left.
+            at = Mux(ended, sub(level, 1), level)
+            for j in range(depth):
+                if j + 1 < depth:
+                    with m.If(ended):
+                        m.d.sync += grants[j].eq(grants[j + 1])
+                with m.If(taken & eq(at, j)):
+                    m.d.sync += grants[j].eq(pick)
+            with m.If(taken & ~ended):
+                m.d.sync += level.eq(add(level, 1))
+            with m.Elif(ended & ~taken):
+                m.d.sync += level.eq(sub(level, 1))
         return m

@@ -82,10 +82,14 @@ class TcpEngine(wiring.Component):
         LISTEN, CONNECT, CLOSE, ABORT per slot; ESTABLISHED, PEER_FIN, CLOSED, RESET, TIMEOUT,
         ABORTED back (see :mod:`.layouts`). ``o_event`` must be drained.
     i_tx_header : In(stream ChunkHeader); i_tx : In(BeatStream(data_bytes))
-        Bytes to send: ``{conn, length}`` then ``length`` bytes. A chunk waits until its
-        connection's ring has room for all of it (so a chunk must not exceed ``ring_bytes``,
-        and chunks to a stalled connection hold those behind them); a chunk for a connection
-        that cannot send (not ESTABLISHED or CLOSE-WAIT, or closing) is dropped.
+        Bytes to send: ``{conn, length}`` then ``length`` bytes. A header may come before
+        the bytes of the chunks ahead of it have all come (the bytes follow the headers'
+        order through the route queue): offered while the previous chunk's bytes flow, it is
+        admitted in their shadow and the chunks follow each other on ``i_tx`` with no idle
+        cycles. A chunk waits until its connection's ring has room for all of it (so a chunk
+        must not exceed ``ring_bytes``, and chunks to a stalled connection hold those behind
+        them); a chunk for a connection that cannot send (not ESTABLISHED or CLOSE-WAIT, or
+        closing) is dropped.
     o_rx_header : Out(stream ChunkHeader); o_rx : Out(BeatStream(data_bytes))
         Received bytes in order, per connection, one chunk per segment's new bytes.
     ip : In(32); isn_key : In(128); hash_key : In(32)
