@@ -61,17 +61,17 @@ Benchmarks so far:
   :class:`~iwarp_nic.core.NicCore` back to back, each driven by the verbs driver, host memory
   answering after 100 ns) at 1 and 8 bytes, one queue pair: batches of Writes, Reads and
   Sends of 64 octets to 1 MiB in both directions at once (:class:`~iwarp_tb.rdma_run.RdmaRun`,
-  every octet and completion checked). The steady rate: each direction's messages after the
-  first, from its first completion to its last (the rate a long stream of such messages
-  keeps; the batch's fill, doorbell to first completion, is a latency and measured as such
-  below); and the whole batch, from the first doorbell to the last completion. Per
-  direction in Gb/s (steady), and as a fraction of the wire's ceiling for that message size
-  (:func:`iwarp_tb.sim.ceiling`: what Ethernet, IPv4, TCP, MPA, DDP and RDMAP leave of the
-  line, each message in frames of its own); P1, the goal 0.99 of the steady rate, applies
-  from 64 KiB. Small messages can pass that ceiling: the NIC puts several FPDUs in one TCP
-  segment. A batch
-  not done within three times its wire time (lost segments waiting on a retransmission
-  timeout) is recorded as 0 and ends that width's runs.
+  every octet and completion checked). The steady rate (``Batch.steady``): each
+  direction's messages after the first, from the first message's completion
+  where its data lands to the direction's end (the rate a long stream of such messages
+  keeps; the batch's fill is a latency, measured below); and the whole batch, from the first
+  doorbell to the last completion. Per direction in Gb/s (steady), and as a fraction of the
+  wire's ceiling for that message size (:func:`iwarp_tb.sim.ceiling`: what Ethernet, IPv4,
+  TCP, MPA, DDP and RDMAP leave of the line, each message in frames of its own); P1, the
+  goal 0.99 of the steady rate, applies from 64 KiB. Small messages can pass that ceiling:
+  the NIC puts several FPDUs in one TCP segment. A batch not done within three times its
+  wire time (lost segments waiting on a retransmission timeout) is recorded as 0 and ends
+  that width's runs.
 * RDMA latency: one 8-octet Write, Send and Read on an idle line, from the doorbell write to
   the last octet in the target's host memory, the best of three, in cycles and ns; P2, the
   goal 600 ns, is the Write's at 8 bytes.
