@@ -1,7 +1,8 @@
-"""``make sim``: the project's main simulation job, two NICs doing RDMA.
+"""``make sim``: the project's main simulation job, two NICs doing RDMA, then one NIC against
+the reference model's NIC.
 
-Two :class:`~iwarp_nic.core.NicCore` back to back over a simulated link
-(:class:`~iwarp_tb.nicpair.NicPair`, Verilated natively), each driven by the verbs driver
+First (``--runs pair``), two :class:`~iwarp_nic.core.NicCore` back to back over a simulated
+link (:class:`~iwarp_tb.nicpair.NicPair`, Verilated natively), each driven by the verbs driver
 (:mod:`iwarp_tb.driver`) through its registers, with host memory answering after a latency.
 It opens ``--qps`` connections (TCP, then the MPA exchange), then runs, on every connection,
 a batch of each operation of ``--ops`` one way, then both ways at once: RDMA Writes (the first
@@ -18,26 +19,39 @@ registers), errors. The frames on the wire go to
 FPDU's CRC good and each RDMAP message the run sent), the waveform to
 ``build/sim/run.fst``: by default of the connection setup and the latency probes (readable
 single operations on an idle line, a few megabytes), with ``--wave all`` of every cycle
-(gigabytes for the default run), with ``--no-wave`` none (and a faster build and run). Exit
-status 1 on any error.
+(gigabytes for the default run), with ``--no-wave`` none (and a faster build and run).
+
+Then (``--runs model``), one NicCore against the model's whole NIC on raw frames
+(:class:`~iwarp_tb.nicmodel.NicModelRig`): the NIC connects, and ``--model-count`` work
+requests of every kind the NIC offloads (Writes, Sends with and without Solicited Event,
+Reads, atomics and masked atomics, Immediate Data) go each way at once, the outcome compared
+with the same work between two model ends (:mod:`iwarp_tb.model_run`): completions and
+memory on both sides. Its frames go to ``build/sim/model.pcap``, read back by tshark (good
+CRCs, the Read and Atomic Requests and Atomic Responses the work holds, no Terminate).
+
+Exit status 1 on any error.
 
 ``python -m iwarp_tb.sim --width 8 --size 65536 --count 8 --qps 2 --ops write,read,send``
 (``make sim SIM_ARGS="..."``).
 """
 
 import argparse
+import random
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 from iwarp_model.pcap import PcapWriter
+from iwarp_model.verbs import WrOpcode
 from iwarp_model.wire.fpdu import mulpdu
 from iwarp_model.wire.net import ETHERTYPE_IPV4, PROTO_TCP, EthernetFrame, IPv4Packet, TcpSegment
 
-from . import facilities, toolchain
+from . import facilities, model_run, toolchain
+from .model_run import Ends
 from .nicpair import NicPairRig
 from .rdma_run import OPS, RdmaRun
+from .traffic import EVERY, End, plan
 
 #: Nominal core clock per width, for Gb/s figures: 1 byte at 125 MHz is 1G, 8 bytes at
 #: 156.25 MHz is 10G; 64 bytes at 322.265625 MHz is the usual 100G MAC user clock.
@@ -135,34 +149,28 @@ def tshark_summary(path):
     return good, len(checks) - good, tshark.rdmap_opcodes(root)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="make sim", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--width", type=int, default=8, choices=(1, 8),
-                        help="datapath bytes per beat (8: 10G at 156.25 MHz, 1: 1G at 125 MHz)")
-    parser.add_argument("--size", type=int, default=16384, help="octets per message")
-    parser.add_argument("--count", type=int, default=8, help="messages per batch")
-    parser.add_argument("--qps", type=int, default=2, help="connections (queue pairs)")
-    parser.add_argument("--ops", default=",".join(OPS),
-                        help=f"operations, comma-separated, of {', '.join(OPS)}")
-    parser.add_argument("--latency-ns", type=float, default=100.0,
-                        help="host memory latency")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--wave", choices=("probes", "all"), default="probes",
-                        help="the waveform's cycles: the connection setup and the latency "
-                             "probes (default), or every cycle")
-    parser.add_argument("--no-wave", action="store_true", help="no waveform (faster)")
-    parser.add_argument("--out", type=Path, default=toolchain.BUILD / "sim")
-    args = parser.parse_args(argv)
-    ops = args.ops.split(",")
-    unknown = set(ops) - set(OPS)
-    if unknown:
-        parser.error(f"unknown operations {sorted(unknown)}: choose from {', '.join(OPS)}")
+def check_pcap(pcap, errors, wanted, *, every=True):
+    """tshark's reading of ``pcap`` as one line of the report; every FPDU's CRC must be good
+    and the RDMAP messages as ``wanted`` counts them (tshark's names): all of them if
+    ``every``, else those it names, and no Terminate."""
+    summary = tshark_summary(pcap)
+    if summary is None:
+        return "tshark not installed: not cross-checked"
+    good, bad, opcodes = summary
+    if bad or not good:
+        errors.append(f"tshark on {pcap.name}: {bad} bad CRCs of {good + bad}")
+    found = dict(opcodes) if every else {name: opcodes[name] for name in [*wanted, "Terminate"]}
+    wanted = dict(wanted) if every else {**wanted, "Terminate": 0}
+    if found != wanted:
+        errors.append(f"tshark on {pcap.name}: RDMAP messages {found}, not {wanted}")
+    return (f"tshark: {good} FPDUs with a good CRC, {bad} bad; RDMAP "
+            + ", ".join(f"{name} {n}" for name, n in sorted(opcodes.items())))
 
-    toolchain.setup()
-    args.out.mkdir(parents=True, exist_ok=True)
-    mhz = CLOCK_MHZ[args.width]
+
+def run_pair(args, mhz, errors):
+    """Two NICs back to back: the batches of ``args.ops`` one way then both ways, and the
+    latency probes, reported; what went wrong is added to ``errors``."""
     wave = None if args.no_wave else args.out / "run.fst"
-    started = time.monotonic()
     print(f"Two NICs at {args.width} bytes/beat, {mhz} MHz nominal, back to back "
           f"(Verilator {toolchain.verilator_version()}); {args.qps} queue pairs, "
           f"{args.count} x {args.size} octets per batch, host memory latency "
@@ -176,7 +184,7 @@ def main(argv=None):
     if pause:
         rig.h.tracing(False)
     rows = []
-    for op in ops:
+    for op in args.ops:
         for directions in (("a",), ("a", "b")):
             rows.append(run.batch(op, args.count, directions=directions))
     probes_start = rig.h.cycle
@@ -188,7 +196,7 @@ def main(argv=None):
     cycles = rig.h.cycle
     violations = {nic: d.memory.violations() + d.memory.faults()
                   for nic, d in rig.devices.items()}
-    errors = list(run.errors)
+    errors += run.errors
     for qp_sides in run.flows:
         for nic, side in qp_sides.items():
             if side.qp.reason:
@@ -227,26 +235,92 @@ def main(argv=None):
         f"{nic} {sum(lost.values())}" for nic, lost in losses.items())
           + " (their counter registers: MAC receive FIFO, bad FCS, TCP receive front end and "
           "buffer, frames sent but not received)")
-    summary = tshark_summary(pcap)
-    if summary is None:
-        note = "tshark not installed: not cross-checked"
-    else:
-        good, bad, opcodes = summary
-        note = (f"tshark: {good} FPDUs with a good CRC, {bad} bad; RDMAP "
-                + ", ".join(f"{name} {n}" for name, n in sorted(opcodes.items())))
-        if bad or not good:
-            errors.append(f"tshark: {bad} bad CRCs of {good + bad}")
-        wanted = expected_opcodes(rows, latencies, args.qps)
-        if opcodes != wanted:
-            errors.append(f"tshark's RDMAP messages {dict(opcodes)}, not {dict(wanted)}")
-        if any(f.err for f in frames):
-            errors.append("frames with a bad FCS or a PHY error on the wire")
+    if any(f.err for f in frames):
+        errors.append("frames with a bad FCS or a PHY error on the wire")
+    note = check_pcap(pcap, errors, expected_opcodes(rows, latencies, args.qps))
     print(f"pcap:      {pcap} ({len(frames)} frames; {note})")
     if wave is not None:
         print(f"waveform:  {rig.h.trace} ("
               + ("every cycle" if args.wave == "all" else
                  f"cycles 0 to {setup_end} and from {probes_start}: the connection setup and "
                  "the latency probes; --wave all for every cycle") + ")")
+
+
+def run_model(args, mhz, errors):
+    """One NIC against the model's whole NIC (its raw-frame TCP/IP, MPA, DDP, RDMAP): the NIC
+    connects, then ``args.model_count`` work requests of every kind the NIC offloads go each
+    way at once, scored against the same work between two model ends
+    (:mod:`iwarp_tb.model_run`); reported, what went wrong added to ``errors``."""
+    print(f"\nOne NIC at {args.width} bytes/beat against the model's NIC (its own TCP/IP on "
+          f"raw frames): the NIC connects, then {args.model_count} work requests each way of "
+          f"{', '.join(EVERY)}, host memory latency {args.latency_ns:g} ns, seed {args.seed}")
+    ends = Ends(End, 100 + args.seed)
+    rng = random.Random(args.seed)
+    nic_sends, peer_recvs = plan(rng, ends.nic, ends.peer, args.model_count, kinds=EVERY)
+    peer_sends, nic_recvs = plan(rng, ends.peer, ends.nic, args.model_count, kinds=EVERY)
+    sends = nic_sends + peer_sends
+    work = {"nic": (nic_sends, nic_recvs), "peer": (peer_sends, peer_recvs)}
+    pcap = args.out / "model.pcap"
+    result = model_run.run(ends, work, nic_connects=True, seed=args.seed, width=args.width,
+                           latency_cycles=round(args.latency_ns * mhz / 1000), pcap=pcap)
+    errors += result.errors
+    octets = sum(sge.length for wr in sends for sge in wr.sg_list)
+    frames = [frame for _, _, frame in result.captured]
+    print(f"completions: NIC {result.completions['nic']}, model {result.completions['peer']}, "
+          f"{'each as the oracle run' if not result.errors else 'see errors'}; "
+          f"{octets} octets of payload in {result.cycles} cycles; retransmissions: "
+          f"{retransmissions(frames)}")
+    atomics = sum(wr.opcode in _ATOMICS for wr in sends)
+    wanted = {"Read Request": sum(wr.opcode == WrOpcode.RDMA_READ for wr in sends),
+              "Atomic Request": atomics, "Atomic Response": atomics}
+    note = check_pcap(pcap, errors, wanted, every=False)
+    print(f"pcap:      {pcap} ({len(frames)} frames; {note})")
+
+
+_ATOMICS = (WrOpcode.ATOMIC_FETCH_AND_ADD, WrOpcode.ATOMIC_CMP_AND_SWP,
+            WrOpcode.MASKED_ATOMIC_FETCH_AND_ADD, WrOpcode.MASKED_ATOMIC_CMP_AND_SWP)
+RUNS = ("pair", "model")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="make sim", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", default=",".join(RUNS),
+                        help="pair: two NICs back to back; model: one NIC against the model's "
+                             "NIC (default both)")
+    parser.add_argument("--width", type=int, default=8, choices=(1, 8),
+                        help="datapath bytes per beat (8: 10G at 156.25 MHz, 1: 1G at 125 MHz)")
+    parser.add_argument("--size", type=int, default=16384, help="octets per message")
+    parser.add_argument("--count", type=int, default=8, help="messages per batch")
+    parser.add_argument("--qps", type=int, default=2, help="connections (queue pairs)")
+    parser.add_argument("--ops", default=",".join(OPS),
+                        help=f"operations, comma-separated, of {', '.join(OPS)}")
+    parser.add_argument("--model-count", type=int, default=40,
+                        help="work requests each way against the model")
+    parser.add_argument("--latency-ns", type=float, default=100.0,
+                        help="host memory latency")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--wave", choices=("probes", "all"), default="probes",
+                        help="the waveform's cycles: the connection setup and the latency "
+                             "probes (default), or every cycle")
+    parser.add_argument("--no-wave", action="store_true", help="no waveform (faster)")
+    parser.add_argument("--out", type=Path, default=toolchain.BUILD / "sim")
+    args = parser.parse_args(argv)
+    args.ops = args.ops.split(",")
+    runs = args.runs.split(",")
+    for what, given, known in (("operations", args.ops, OPS), ("runs", runs, RUNS)):
+        unknown = set(given) - set(known)
+        if unknown:
+            parser.error(f"unknown {what} {sorted(unknown)}: choose from {', '.join(known)}")
+
+    toolchain.setup()
+    args.out.mkdir(parents=True, exist_ok=True)
+    mhz = CLOCK_MHZ[args.width]
+    started = time.monotonic()
+    errors = []
+    if "pair" in runs:
+        run_pair(args, mhz, errors)
+    if "model" in runs:
+        run_model(args, mhz, errors)
     print(f"errors:    {len(errors)}")
     for error in errors[:20]:
         print(f"  {error}")
@@ -258,4 +332,3 @@ def main(argv=None):
 
 if __name__ == "__main__":
     sys.exit(main())
-

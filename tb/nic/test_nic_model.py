@@ -2,9 +2,9 @@
 reference model's whole NIC (its TCP/IP, MPA, DDP and RDMAP, with the model's verbs) on one
 wire (:class:`~iwarp_tb.nicmodel.NicModelRig`), doing RDMA both ways.
 
-The oracle is the same work between two model ends over an in-memory stream
-(:func:`iwarp_tb.traffic.exchange`): the NIC's host memory and completions must be its oracle
-end's, the model peer's memory and completions the other oracle end's; the NIC's
+The oracle is the same work between two model ends over an in-memory stream, and
+:func:`iwarp_tb.model_run.run` the comparison: the NIC's host memory and completions must be
+its oracle end's, the model peer's memory and completions the other oracle end's; the NIC's
 shadow-memory checker must have seen no write outside a registered, writable region nor any
 AXI protocol fault. Host memory answers after random latencies with random stalls.
 
@@ -21,26 +21,13 @@ import random
 import pytest
 
 from iwarp_model import verbs
-from iwarp_model.engine import Connection, ConnState
 from iwarp_model.pcap import read_pcap
-from iwarp_model.verbs import SGE, QpState, RecvWR, SendFlags, SendWR, WrOpcode
-from iwarp_tb.nicmodel import NicModelRig
-from iwarp_tb.traffic import ALL, EVERY, End, exchange, kinds, nic_end, plan
+from iwarp_model.verbs import SGE, RecvWR, SendFlags, SendWR, WrOpcode
+from iwarp_tb import model_run
+from iwarp_tb.model_run import Ends
+from iwarp_tb.traffic import ALL, EVERY, End, plan
 
 SIGNALED = SendFlags.SIGNALED
-
-
-class Ends:
-    """The NIC's oracle end ``nic`` and the model peer's ``peer`` (:class:`End` or
-    :class:`BigEnd`), made by ``make(name, seed)``; the live peer is another ``make`` of the
-    peer's seed, so its memory and STags start as its oracle's."""
-
-    def __init__(self, make, seed):
-        self.make, self.seed = make, seed
-        self.nic, self.peer = make("nic", seed), make("peer", seed + 1)
-
-    def live_peer(self):
-        return self.make("peer", self.seed + 1)
 
 
 class BigEnd:
@@ -86,56 +73,11 @@ def sized(local, remote, ops, length, first_id):
 
 
 def run(ends, work, *, nic_connects, seed, pcap=None):
-    """Run ``work`` (``{"nic": (sends, receives), "peer": ...}``) between a NIC and a model
-    peer, the NIC the MPA Initiator if ``nic_connects``, and score both against the model
-    oracle; returns the frames captured (:attr:`NicModelRig.captured`), also written to
-    ``pcap`` if given."""
-    first, second = ("nic", "peer") if nic_connects else ("peer", "nic")
-    exchange(getattr(ends, first), getattr(ends, second), (work[first], work[second]))
-    wanted = {"nic": ends.nic.cq.poll_cq(1 << 12), "peer": ends.peer.cq.poll_cq(1 << 12)}
-    oracle = ends.nic
-    peer = ends.live_peer()
-    assert peer.region.rkey == ends.peer.region.rkey, "the live peer's STag is its oracle's"
-    rng = random.Random(seed)
-    rig = NicModelRig(8, seed=seed, memory_bytes=len(oracle.initial) + (1 << 24))
-    try:
-        device = rig.device
-        device.memory.configure(latency=rng.randrange(1, 40), stall=0.2, seed=seed)
-        qp, cq, mr = nic_end(device, oracle)
-        conn = Connection(peer.qp, active=not nic_connects)
-        link = rig.connect(qp, conn) if nic_connects else rig.accept(qp, conn)
-        for wr in work["peer"][1]:
-            peer.qp.post_recv(wr)
-        qp.post_recv(work["nic"][1])
-        qp.post_send(work["nic"][0])
-        for wr in work["peer"][0]:
-            peer.qp.post_send(wr)
-        got = {"nic": [], "peer": []}
-
-        def done():
-            got["nic"] += cq.poll_cq(64)
-            got["peer"] += peer.cq.poll_cq(64)
-            return all(len(got[end]) >= len(wanted[end]) for end in got)
-
-        rig.run_until(done, timeout_cycles=4_000_000)
-        rig.run(20_000)
-        assert qp.state == QpState.RTS, qp.reason
-        assert conn.state == ConnState.ESTABLISHED, conn.reason
-        assert not link.transport_closed
-        assert kinds(got["nic"]) == kinds(wanted["nic"]), "NIC completions"
-        assert kinds(got["peer"]) == kinds(wanted["peer"]), "model peer completions"
-        assert cq.poll_cq(64) == [], "more NIC completions than the model's"
-        assert peer.cq.poll_cq(64) == [], "more model peer completions than the oracle's"
-        assert device.memory.read(mr.addr, mr.length) == bytes(oracle.memory), \
-            "the NIC's host memory differs from the model's"
-        assert peer.memory == ends.peer.memory, "the model peer's memory differs from the oracle's"
-        assert device.memory.violations() == []
-        assert device.memory.faults() == []
-        if pcap is not None:
-            rig.write_pcap(pcap)
-        return rig.captured
-    finally:
-        rig.close()
+    """:func:`iwarp_tb.model_run.run` at 8 bytes with random host-memory latency and stalls:
+    every check must pass; returns the frames captured."""
+    result = model_run.run(ends, work, nic_connects=nic_connects, seed=seed, pcap=pcap)
+    assert result.errors == []
+    return result.captured
 
 
 @pytest.mark.cocotb

@@ -1,5 +1,6 @@
-"""``make sim`` end to end, small: two NICs doing every operation, every octet checked, and
-Wireshark reading the capture as the FPDUs and RDMAP messages the run sent."""
+"""``make sim`` end to end, small: two NICs doing every operation, then a NIC against the
+model doing every kind of work, every octet checked, and Wireshark reading both captures as
+the FPDUs and RDMAP messages the runs sent."""
 
 import pytest
 
@@ -19,9 +20,11 @@ def test_ceiling():
 @pytest.mark.tshark
 def test_make_sim_small(tmp_path, capsys):
     assert sim.main(["--size", "3000", "--count", "3", "--qps", "2", "--seed", "3",
-                     "--no-wave", "--out", str(tmp_path)]) == 0
+                     "--model-count", "12", "--no-wave", "--out", str(tmp_path)]) == 0
     report = capsys.readouterr().out
     assert "RESULT: PASS" in report and "errors:    0" in report
-    assert ", 0 bad; RDMAP" in report
+    assert report.count(", 0 bad; RDMAP") == 2
     _, frames = read_pcap(tmp_path / "run.pcap")
     assert len(frames) > 100
+    _, frames = read_pcap(tmp_path / "model.pcap")
+    assert len(frames) > 12
