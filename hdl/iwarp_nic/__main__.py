@@ -29,13 +29,14 @@ def main(argv=None):
     header.add_argument("--out", type=Path, default=Path("build/include/iwarp_nic.h"))
     header.add_argument("--conns", type=int, default=16)
     header.add_argument("--cqs", type=int, default=16)
+    header.add_argument("--srqs", type=int, default=4)
     args = parser.parse_args(argv)
     if args.command == "header":
         from .host.cheader import write_header
         from .host.nicmap import header_layouts, nic_map
-        path = write_header(args.out, nic_map(conns=args.conns, cqs=args.cqs),
-                            header_layouts(conns=args.conns, cqs=args.cqs, pd_bits=16,
-                                           stag_entries=4096))
+        sizes = {"conns": args.conns, "cqs": args.cqs, "srqs": args.srqs}
+        path = write_header(args.out, nic_map(**sizes),
+                            header_layouts(**sizes, pd_bits=16, stag_entries=4096))
         print(f"wrote {path}")
         return 0
 

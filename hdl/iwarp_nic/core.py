@@ -68,7 +68,8 @@ def _word_write(m, word, command, data, name):
 
 
 class NicCore(wiring.Component):
-    """The NIC, for ``conns`` connections (queue pairs) and ``cqs`` completion queues.
+    """The NIC, for ``conns`` connections (queue pairs), ``cqs`` completion queues and
+    ``srqs`` shared receive queues.
 
     Ports
     -----
@@ -94,14 +95,14 @@ class NicCore(wiring.Component):
     sending each other small Sends stopped so).
     """
 
-    def __init__(self, data_bytes, *, conns=16, cqs=16, dma_bytes=8, stag_entries=4096,
-                 pd_bits=16):
+    def __init__(self, data_bytes, *, conns=16, cqs=16, srqs=4, dma_bytes=8,
+                 stag_entries=4096, pd_bits=16):
         self.data_bytes = check_data_bytes(data_bytes)
         self.dma_bytes = check_data_bytes(dma_bytes, what="dma_bytes")
         if dma_bytes < 8:
             raise ValueError(f"dma_bytes must be 8 or more (an atomic is one beat), not "
                              f"{dma_bytes}")
-        self.conns, self.cqs = conns, cqs
+        self.conns, self.cqs, self.srqs = conns, cqs, srqs
         # TCP segments hold whole FPDUs (RFC 5044 Appendix A, an optimized MPA-aware TCP): 64
         # planned segments per connection cover the engine's 64 KiB send ring (45 full ones).
         # ACKs ride on data segments where data follows (with data both ways, a pure ACK per
@@ -110,7 +111,8 @@ class NicCore(wiring.Component):
                                                  "ack_with_data": True})
         self._engine = ConnectionsEngine(data_bytes, conns=conns, stag_entries=stag_entries,
                                          pd_bits=pd_bits)
-        self._control = HostControl(data_bytes, conns=conns, cqs=cqs, pd_bits=pd_bits,
+        self._control = HostControl(data_bytes, conns=conns, cqs=cqs, srqs=srqs,
+                                    pd_bits=pd_bits,
                                     stag_entries=stag_entries, ird_max=self._engine.ird_max,
                                     ord_max=self._engine.ord_depth)
         self._pins = {name: member for name, member in self._node.signature.members.items()
@@ -129,7 +131,8 @@ class NicCore(wiring.Component):
         m.submodules.engine = engine = self._engine
         m.submodules.control = control = self._control
         m.submodules.send_queues = sq = SendQueueEngine(d, conns=self.conns)
-        m.submodules.receive_queues = rq = ReceiveQueueEngine(d, conns=self.conns)
+        m.submodules.receive_queues = rq = ReceiveQueueEngine(d, conns=self.conns,
+                                                              srqs=self.srqs)
         m.submodules.completions = cqw = CompletionWriter(d, conns=self.conns, cqs=self.cqs,
                                                           writers=2)
         m.submodules.dma = dma = DmaMaster(d, write_clients=3, read_clients=4)
@@ -162,6 +165,7 @@ class NicCore(wiring.Component):
         # Queues: rings, doorbells, work, receives, completions.
         wiring.connect(m, control.o_sq_ring, sq.i_ring)
         wiring.connect(m, control.o_rq_ring, rq.i_ring)
+        wiring.connect(m, control.o_srq_ring, rq.i_srq_ring)
         wiring.connect(m, control.o_qp_cqs, cqw.i_qp)
         wiring.connect(m, control.o_cq, cqw.i_cq)
         wiring.connect(m, control.o_sq_doorbell, sq.i_doorbell)

@@ -7,7 +7,7 @@
   as its three transfers), each port stalling at random; an unknown command is ignored;
 * frames: octets written four at a time leave as one chunk of the length asked, at 1, 8 and
   64 bytes per beat;
-* doorbells name their queue;
+* doorbells name their queue (a shared receive queue's after the queue pairs' receive queues);
 * events of every kind queued, read back through event0/event1 in order, a startup piece's
   octets through startup_data, and the interrupt raised and cleared.
 """
@@ -23,12 +23,12 @@ from iwarp_tb.axil import OKAY, AxiLiteManager, AxiLitePort
 from iwarp_tb.beats import Packet
 from iwarp_tb.streams import AmaranthBus, StreamPort, recv, recv_packets, send, send_packets
 
-CONNS, CQS = 16, 8
+CONNS, CQS, SRQS = 16, 8, 3
 #: The port each command comes out of (QP_OPEN: three).
 PORTS = {CommandOp.MR_WRITE: ["o_stag_write"], CommandOp.CQ_OPEN: ["o_cq"],
          CommandOp.QP_OPEN: ["o_qp_cqs", "o_sq_ring", "o_rq_ring"],
          CommandOp.ENGINE_OPEN: ["o_engine_open"], CommandOp.GATHER: ["o_gather"],
-         CommandOp.TCP: ["o_tcp"]}
+         CommandOp.TCP: ["o_tcp"], CommandOp.SRQ_OPEN: ["o_srq_ring"]}
 
 
 def whole(port):
@@ -63,7 +63,7 @@ class Host:
 
 def test_registers_and_commands():
     rng = random.Random(1)
-    dut = HostControl(8, conns=CONNS, cqs=CQS, ird_max=5, ord_max=17)
+    dut = HostControl(8, conns=CONNS, cqs=CQS, srqs=SRQS, ird_max=5, ord_max=17)
     got = {name: [] for names in PORTS.values() for name in names}
     wanted = {name: [] for name in got}
     layouts = dut.commands
@@ -74,7 +74,7 @@ def test_registers_and_commands():
         features = h.map["features"].decode(await h.read("features"))
         assert features == {"conns": CONNS, "cqs": CQS, "data_bytes": 8}
         limits = h.map["limits"].decode(await h.read("limits"))
-        assert limits == {"ird": 5, "ord": 17}
+        assert limits == {"ird": 5, "ord": 17, "srqs": SRQS}
         await h.write("mac_lo", 0x5566_7788)
         await h.write("mac_hi", 0x1122)
         await h.write("ip", 0xC000_0201)
@@ -159,20 +159,22 @@ def test_frames(n):
 @pytest.mark.parametrize("n", [1, 8])
 def test_doorbells_and_events(n):
     rng = random.Random(10 + n)
-    dut = HostControl(n, conns=CONNS, cqs=CQS)
+    dut = HostControl(n, conns=CONNS, cqs=CQS, srqs=SRQS)
     got = {"sq": [], "rq": [], "cq": [], "events": [], "startup": []}
     sent = []
 
     async def host(ctx):
         h = Host(ctx, dut, rng)
         bells = []
-        for _ in range(12):
-            kind = rng.choice(["sq", "rq", "cq"])
-            index = rng.randrange(CQS if kind == "cq" else CONNS)
+        for _ in range(16):
+            kind = rng.choice(["sq", "rq", "cq", "srq"])
+            index = rng.randrange({"cq": CQS, "srq": SRQS}.get(kind, CONNS))
             tail = rng.getrandbits(16)
-            bells.append((kind, {"conn": index, "tail": tail}))
-            await h.write({"sq": "sq_doorbell", "rq": "rq_doorbell", "cq": "cq_head"}[kind],
-                          tail, index)
+            # A shared receive queue's doorbell comes out with the receive queues', after them.
+            bells.append(("rq", {"conn": CONNS + index, "tail": tail}) if kind == "srq" else
+                         (kind, {"conn": index, "tail": tail}))
+            await h.write({"sq": "sq_doorbell", "rq": "rq_doorbell", "cq": "cq_head",
+                           "srq": "srq_doorbell"}[kind], tail, index)
         for _ in range(20):
             await ctx.tick()
         for kind, bell in bells:

@@ -554,9 +554,10 @@ def test_c_header_nic(tmp_path):
     from iwarp_nic.host.nicmap import COUNTERS, header_layouts, nic_map
 
     assert main(["header", "--out", str(tmp_path / "include" / "iwarp_nic.h")]) == 0
-    regmap, layouts = nic_map(conns=16, cqs=16), header_layouts(
-        conns=16, cqs=16, pd_bits=16, stag_entries=4096)
-    names = ["command", "cmd_args", "event0_lo", "sq_doorbell", "cq_head", *COUNTERS]
+    sizes = {"conns": 16, "cqs": 16, "srqs": 4}
+    regmap, layouts = nic_map(**sizes), header_layouts(**sizes, pd_bits=16, stag_entries=4096)
+    names = ["command", "cmd_args", "event0_lo", "sq_doorbell", "cq_head", "srq_doorbell",
+             *COUNTERS]
     out = _compile_and_run(tmp_path, '#include <stdio.h>\n#include "iwarp_nic.h"\n'
                            "int main(void) {\n" + "".join(
                                f'  printf("%u\\n", (unsigned)IWARP_NIC_{n.upper()});\n'

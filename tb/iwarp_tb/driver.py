@@ -10,13 +10,16 @@ manager. Both are a native :class:`~iwarp_tb.harness.Harness`'s (``h.registers()
 ``h.memory()``); each register access runs the clock until it is answered.
 
 * :class:`NicDevice`: one NIC. Addresses and keys set; protection domains, memory
-  regions (``MR_WRITE``), completion queues (``CQ_OPEN``) and queue pairs (``QP_OPEN``);
+  regions (``MR_WRITE``), completion queues (``CQ_OPEN``), shared receive queues
+  (``SRQ_OPEN``) and queue pairs (``QP_OPEN``);
   host memory handed out from a heap; the events read and acted on (:meth:`service`).
 * :class:`NicQp`: a queue pair (one of the NIC's connections). :meth:`NicQp.listen` and
   :meth:`NicQp.connect` open it (TCP, then the MPA exchange: the startup frames are sent
   with ``FRAME`` and read from ``startup_data``; what they settle opens the engine's context
   with ``ENGINE_OPEN`` and the receive side with ``GATHER``); :meth:`NicQp.post_send` and
   :meth:`NicQp.post_recv` write entries into the rings and ring the doorbells.
+* :class:`NicSrq`: a shared receive queue, :meth:`NicSrq.post_srq_recv` its receives; the
+  queue pairs made with it take their receives from it, in the order posted.
 * :class:`NicCq`: a completion queue; :meth:`NicCq.poll_cq` reads new entries (owner bit)
   and makes each a ``WC`` from the work request posted, dropping the completions of
   unsignaled requests (the NIC writes one for every entry).
@@ -79,7 +82,8 @@ from iwarp_nic.tcp.layouts import EventKind
 from .harness import pack, unpack
 from .work import Headers, Requester
 
-__all__ = ["NicDevice", "NicQp", "NicCq", "NicMr", "run_until", "NicError", "TCP_MSS"]
+__all__ = ["NicDevice", "NicQp", "NicCq", "NicMr", "NicRq", "NicSrq", "run_until", "NicError",
+           "TCP_MSS"]
 
 #: The TCP engine's MSS: the EMSS the FPDUs sent are sized for (RFC 5044 section 4.5).
 TCP_MSS = 1460
@@ -159,20 +163,68 @@ class _Posted:
     report: bool
 
 
+class NicRq:
+    """A receive queue: its ring of ``entries`` (a power of two) in host memory at
+    :attr:`base` and the receives posted on it, by entry index (:attr:`posted`). A queue
+    pair's own (its doorbell ``rq_doorbell``) or a shared one (``srq_doorbell``), number
+    ``index`` of its doorbell register."""
+
+    def __init__(self, device, doorbell, index, entries):
+        self.device, self.doorbell, self.index, self.entries = device, doorbell, index, entries
+        self.base = device.alloc(entries * RQ_WQE_BYTES)
+        self.tail = 0
+        self.posted = {}
+
+    def post(self, wrs, what):
+        """Write receives ``wrs`` (each of one SGE or none) into the ring, then ring the
+        doorbell; ``what`` names the queue in exceptions."""
+        for wr in wrs:
+            if len(wr.sg_list) > 1:
+                raise InvalidWorkRequest(f"{what}: a receive takes one SGE, not "
+                                         f"{len(wr.sg_list)}")
+            if len(self.posted) >= self.entries:
+                raise QueueFullError(f"{what}: the receive queue holds {self.entries}")
+            sge = wr.sg_list[0] if wr.sg_list else None
+            value = pack(RqWqe, addr=sge.addr if sge else 0, lkey=sge.lkey if sge else 0,
+                         length=sge.length if sge else 0, sges=len(wr.sg_list))
+            entry = self.base + (self.tail % self.entries) * RQ_WQE_BYTES
+            self.device.memory.write(entry, value.to_bytes(RQ_WQE_BYTES, "little"))
+            self.posted[self.tail % (1 << 16)] = wr
+            self.tail += 1
+        self.device.write(self.doorbell, self.tail & 0xFFFF, self.index)
+
+
+class NicSrq(NicRq):
+    """Shared receive queue ``index`` (an SRQ): receives any of its queue pairs takes, one
+    per untagged message, in the order posted."""
+
+    def __init__(self, device, index, pd, max_wr):
+        super().__init__(device, "srq_doorbell", index, _power_of_two(max_wr))
+        self.pd = pd
+
+    def __repr__(self):
+        return f"NicSrq({self.index})"
+
+    def post_srq_recv(self, wrs):
+        """Post receives (one or a list), each of one SGE or none."""
+        self.post(wrs if isinstance(wrs, list) else [wrs], repr(self))
+
+
 class NicQp:
-    """Queue pair ``qp_num`` (the NIC's connection slot of that number)."""
+    """Queue pair ``qp_num`` (the NIC's connection slot of that number), taking its receives
+    from a receive queue of its own or from ``srq``."""
 
     def __init__(self, device, qp_num, pd, send_cq, recv_cq, *, max_send_wr, max_recv_wr,
-                 max_rd_atomic, max_dest_rd_atomic):
-        self.device, self.qp_num, self.pd = device, qp_num, pd
+                 max_rd_atomic, max_dest_rd_atomic, srq=None):
+        self.device, self.qp_num, self.pd, self.srq = device, qp_num, pd, srq
         self.send_cq, self.recv_cq = send_cq, recv_cq
-        self.sq_entries, self.rq_entries = _power_of_two(max_send_wr), \
-            _power_of_two(max_recv_wr)
+        self.sq_entries = _power_of_two(max_send_wr)
         self.max_rd_atomic, self.max_dest_rd_atomic = max_rd_atomic, max_dest_rd_atomic
         self.sq = device.alloc(self.sq_entries * SQ_WQE_BYTES)
-        self.rq = device.alloc(self.rq_entries * RQ_WQE_BYTES)
-        self.sq_tail = self.rq_tail = 0
-        self.sq_posted, self.rq_posted = {}, {}
+        #: Where its receives are posted: its own queue, or the SRQ.
+        self.rq = srq or NicRq(device, "rq_doorbell", qp_num, _power_of_two(max_recv_wr))
+        self.sq_tail = 0
+        self.sq_posted = {}
         self.requester = Requester(self._source, Headers())
         self.state = QpState.INIT
         self.reason = None
@@ -343,29 +395,17 @@ class NicQp:
 
     def post_recv(self, wrs):
         """Post receives (one or a list), each of one SGE or none."""
-        wrs = wrs if isinstance(wrs, list) else [wrs]
+        if self.srq is not None:
+            raise QpStateError(f"{self!r} takes its receives from {self.srq!r}: post there")
         if self.state == QpState.ERR:
             raise QpStateError(f"{self!r}: post_recv in ERR")
-        for wr in wrs:
-            if len(wr.sg_list) > 1:
-                raise InvalidWorkRequest(f"{self!r}: a receive takes one SGE, not "
-                                         f"{len(wr.sg_list)}")
-            if len(self.rq_posted) >= self.rq_entries:
-                raise QueueFullError(f"{self!r}: the receive queue holds {self.rq_entries}")
-            sge = wr.sg_list[0] if wr.sg_list else None
-            value = pack(RqWqe, addr=sge.addr if sge else 0, lkey=sge.lkey if sge else 0,
-                         length=sge.length if sge else 0, sges=len(wr.sg_list))
-            entry = self.rq + (self.rq_tail % self.rq_entries) * RQ_WQE_BYTES
-            self.device.memory.write(entry, value.to_bytes(RQ_WQE_BYTES, "little"))
-            self.rq_posted[self.rq_tail % (1 << 16)] = wr
-            self.rq_tail += 1
-        self.device.write("rq_doorbell", self.rq_tail & 0xFFFF, self.qp_num)
+        self.rq.post(wrs if isinstance(wrs, list) else [wrs], repr(self))
 
     def completion(self, cqe):
         """The ``WC`` of completion queue entry ``cqe`` (None for an unsignaled request's)."""
         status = WcStatus(cqe["status"])
         if cqe["kind"] == CqeKind.RECV:
-            wr = self.rq_posted.pop(cqe["wqe"])
+            wr = self.rq.posted.pop(cqe["wqe"])
             flags = WcFlags(cqe["flags"] & (CqeFlags.WITH_IMM | CqeFlags.WITH_INV))
             opcode = WcOpcode.RECV_RDMA_WITH_IMM if flags & WcFlags.WITH_IMM else WcOpcode.RECV
             return WC(wr.wr_id, status, opcode, self.qp_num, byte_len=cqe["byte_len"],
@@ -412,16 +452,16 @@ class NicDevice:
         self.h, self.mac, self.ip = h, mac, ip
         self.regs = h.registers(f"{prefix}s_axil")
         self.memory = h.memory(f"{prefix}m_axi")
-        self.map = nic_map(conns=1, cqs=1)          # identity registers are size-free
+        self.map = nic_map(conns=1, cqs=1, srqs=1)  # identity registers are size-free
         if self.read("id") != MAGIC:
             raise NicError(f"no NIC at {prefix}s_axil: id {self.read('id'):#x}")
         features = self.map["features"].decode(self.read("features"))
-        self.conns, self.cqs = features["conns"], features["cqs"]
-        self.map = nic_map(conns=self.conns, cqs=self.cqs)
         limits = self.map["limits"].decode(self.read("limits"))
+        self.conns, self.cqs, self.srqs = features["conns"], features["cqs"], limits["srqs"]
         self.max_ird, self.max_ord = limits["ird"], limits["ord"]
-        self.layouts = command_layouts(conns=self.conns, cqs=self.cqs, pd_bits=16,
-                                       stag_entries=4096)
+        sizes = {"conns": self.conns, "cqs": self.cqs, "srqs": self.srqs}
+        self.map = nic_map(**sizes)
+        self.layouts = command_layouts(**sizes, pd_bits=16, stag_entries=4096)
         self.write("mac", mac)
         self.write("ip", ip)
         keys = random.Random(seed).getrandbits(160)     # RFC 6528: secret ISN and hash keys
@@ -431,7 +471,7 @@ class NicDevice:
         self._heap, self._heap_end = heap[0], heap[0] + heap[1]
         self.pds = 0
         self.mrs = {}
-        self.cq_list, self.qps = [], {}
+        self.cq_list, self.srq_list, self.qps = [], [], {}
         self.events = deque()               # every event read, for tests to look at
         #: 28 zero octets: the header of an Initiator's zero-length Read RTR.
         self.zeros = self.alloc(64)
@@ -527,8 +567,21 @@ class NicDevice:
         self.cq_list.append(cq)
         return cq
 
+    def create_srq(self, pd, max_wr, max_sge=1):
+        """A shared receive queue of ``max_wr`` receives (rounded up to a power of two), of
+        one SGE each."""
+        if len(self.srq_list) >= self.srqs:
+            raise ResourceLimitError(f"the NIC has {self.srqs} shared receive queues")
+        if max_sge > 1:
+            raise ResourceLimitError(f"a receive takes one SGE, not {max_sge}")
+        srq = NicSrq(self, len(self.srq_list), pd, max_wr)
+        self.command(CommandOp.SRQ_OPEN, conn=srq.index, base=srq.base,
+                     log2_entries=srq.entries.bit_length() - 1)
+        self.srq_list.append(srq)
+        return srq
+
     def create_qp(self, pd, send_cq, recv_cq, *, max_send_wr=64, max_recv_wr=64,
-                  max_rd_atomic=8, max_dest_rd_atomic=8):
+                  max_rd_atomic=8, max_dest_rd_atomic=8, srq=None):
         qp_num = next((k for k in range(self.conns) if k not in self.qps), None)
         if qp_num is None:
             raise ResourceLimitError(f"the NIC has {self.conns} queue pairs")
@@ -537,14 +590,17 @@ class NicDevice:
                 f"max_dest_rd_atomic {max_dest_rd_atomic} and max_rd_atomic {max_rd_atomic}: "
                 f"the NIC takes an IRD of at most {self.max_ird}, an ORD of at most "
                 f"{self.max_ord}")
+        if srq is not None and srq.device is not self:
+            raise NicError(f"{srq!r} is another NIC's")
         qp = NicQp(self, qp_num, pd, send_cq, recv_cq, max_send_wr=max_send_wr,
                    max_recv_wr=max_recv_wr, max_rd_atomic=max_rd_atomic,
-                   max_dest_rd_atomic=max_dest_rd_atomic)
+                   max_dest_rd_atomic=max_dest_rd_atomic, srq=srq)
         self.qps[qp_num] = qp
         self.command(CommandOp.QP_OPEN,
                      cqs={"conn": qp_num, "send_cq": send_cq.index, "recv_cq": recv_cq.index},
                      sq={"base": qp.sq, "log2_entries": qp.sq_entries.bit_length() - 1},
-                     rq={"base": qp.rq, "log2_entries": qp.rq_entries.bit_length() - 1})
+                     rq={"base": qp.rq.base, "log2_entries": qp.rq.entries.bit_length() - 1,
+                         "srq": 0 if srq is None else srq.index + 1})
         return qp
 
     # Events.

@@ -46,8 +46,8 @@ from iwarp_tb.runner import run_cocotb
 
 NIC_MAC, NIC_IP = 0x02_00_00_00_00_0A, "192.0.2.10"
 PEER_MAC, PEER_IP = "02:00:00:00:00:01", "192.0.2.1"
-MAP = nic_map(conns=16, cqs=16)
-COMMANDS = command_layouts(conns=16, cqs=16, pd_bits=16, stag_entries=4096)
+MAP = nic_map(conns=16, cqs=16, srqs=4)
+COMMANDS = command_layouts(conns=16, cqs=16, srqs=4, pd_bits=16, stag_entries=4096)
 
 
 def ip_int(text):

@@ -21,10 +21,12 @@ import random
 import pytest
 
 from iwarp_model import verbs
+from iwarp_model.engine import Connection
 from iwarp_model.pcap import read_pcap
 from iwarp_model.verbs import SGE, RecvWR, SendFlags, SendWR, WrOpcode
 from iwarp_tb import model_run
 from iwarp_tb.model_run import Ends
+from iwarp_tb.nicmodel import NicModelRig
 from iwarp_tb.traffic import ALL, EVERY, End, plan
 
 SIGNALED = SendFlags.SIGNALED
@@ -111,3 +113,106 @@ def test_message_sizes_with_model(seed=31, size=4 << 20):
     work = {"nic": (nic_zero + nic_big, nic_zero_recvs + nic_big_recvs),
             "peer": (peer_zero + peer_big, peer_zero_recvs)}
     run(ends, work, nic_connects=True, seed=seed + 3)
+
+
+#: The NIC's queue pairs of test_shared_receive_queues: the receive queue each takes its
+#: receives from (an SRQ's index, or "own"), and how many Sends the model sends on it.
+SHARING = [(0, 14), (0, 14), (1, 12), ("own", 12)]
+
+
+@pytest.mark.cocotb
+def test_shared_receive_queues(seed=41, part=4096):
+    """Four of the NIC's queue pairs, which the model's four connect to (the model, as MPA
+    Initiator, may send first): two share SRQ 0, one has SRQ 1, one its own receive queue.
+    The model sends Sends of 0 octets to ``part`` on all four at once (more segments than one
+    for the larger), with random host-memory latency and stalls at the NIC.
+
+    The oracle is the verbs' contract (RFC 5040 section 5.1, an SRQ's receives taken in the
+    order posted): every Send completes at the model and at the NIC in its queue pair's
+    order; each receive queue's receives are taken in the order posted, the first ones
+    only, each once, across the queue pairs that share it; each Send's octets are in its
+    receive's buffer and the rest of host memory is as it was; posting to a queue pair that
+    has an SRQ is refused."""
+    rng = random.Random(seed)
+    rig = NicModelRig(8, seed=seed)
+    try:
+        device = rig.device
+        device.memory.configure(latency=rng.randrange(1, 40), stall=0.2, seed=seed)
+        pd, cq = device.alloc_pd(), device.create_cq(256)
+        srqs = [device.create_srq(pd, 32), device.create_srq(pd, 16)]
+        queues = {0: srqs[0], 1: srqs[1]}
+        qps = []
+        for which, _ in SHARING:
+            qp = device.create_qp(pd, cq, cq, srq=queues.get(which), max_recv_wr=16)
+            queues.setdefault(which if which != "own" else qp.qp_num, qp.rq)
+            qps.append(qp)
+        rings = {queue: [] for queue in queues.values()}   # each queue's receives, in order
+        slots = sum(queue.entries for queue in rings)
+        buffers = device.alloc(slots * part)
+        initial = rng.randbytes(slots * part)
+        device.memory.write(buffers, initial)
+        mr = device.reg_mr(pd, buffers, len(initial), ALL)
+        receives = {}               # wr_id: (its queue, its index there, its buffer's offset)
+        for queue, ring in rings.items():
+            for index in range(queue.entries):
+                wr_id = len(receives)
+                receives[wr_id] = (queue, index, wr_id * part)
+                ring.append(RecvWR(wr_id, [SGE(buffers + wr_id * part, part, mr.lkey)]))
+            if queue in srqs:
+                queue.post_srq_recv(ring)
+            else:
+                qps[3].post_recv(ring)
+        with pytest.raises(verbs.QpStateError, match="takes its receives from"):
+            qps[0].post_recv(RecvWR(1, []))
+
+        peer = verbs.Device("peer")
+        peer_pd, peer_cq = peer.alloc_pd(), peer.create_cq(256)
+        source = bytearray(rng.randbytes(part))
+        region = peer.reg_mr(peer_pd, source, ALL)
+        sends = []                                  # (queue pair, octets), in sending order
+        peer_qps = []
+        for k, qp in enumerate(qps):
+            peer_qp = peer.create_qp(peer_pd, peer_cq, peer_cq, max_send_wr=64)
+            rig.accept(qp, Connection(peer_qp, active=True), port=4792 + k)
+            peer_qps.append(peer_qp)
+        plan_ = [k for k, (_, count) in enumerate(SHARING) for _ in range(count)]
+        rng.shuffle(plan_)
+        for k in plan_:
+            length = rng.choice([0, 1, 64, 1500, part, rng.randrange(part)])
+            offset = rng.randrange(part - length + 1)
+            sge = [SGE(region.iova + offset, length, region.lkey)] if length else []
+            peer_qps[k].post_send(SendWR(len(sends), WrOpcode.SEND, sge, SIGNALED))
+            sends.append((qps[k], bytes(source[offset:offset + length])))
+        got, sent = [], []
+
+        def done():
+            got.extend(cq.poll_cq(64))
+            sent.extend(peer_cq.poll_cq(64))
+            return len(got) >= len(sends) and len(sent) >= len(sends)
+
+        rig.run_until(done, timeout_cycles=4_000_000)
+        rig.run(20_000)
+        assert cq.poll_cq(64) == [] and peer_cq.poll_cq(64) == []
+        assert sorted(wc.wr_id for wc in sent) == list(range(len(sends)))
+        assert all(wc.status == verbs.WcStatus.SUCCESS for wc in sent + got)
+        assert all(qp.state == verbs.QpState.RTS for qp in qps)
+
+        expected = bytearray(initial)
+        for qp in qps:
+            mine = [octets for to, octets in sends if to is qp]
+            wcs = [wc for wc in got if wc.qp_num == qp.qp_num]
+            assert [wc.byte_len for wc in wcs] == [len(octets) for octets in mine], qp
+            assert all(wc.opcode == verbs.WcOpcode.RECV for wc in wcs)
+            assert all(receives[wc.wr_id][0] is qp.rq for wc in wcs), f"{qp}: another queue's"
+            order = [receives[wc.wr_id][1] for wc in wcs]
+            assert order == sorted(order), f"{qp}: receives out of posting order"
+            for wc, octets in zip(wcs, mine):
+                at = receives[wc.wr_id][2]
+                expected[at:at + len(octets)] = octets
+        for queue in rings:
+            used = sorted(receives[wc.wr_id][1] for wc in got if receives[wc.wr_id][0] is queue)
+            assert used == list(range(len(used))), f"{queue!r}: not its first receives, once each"
+        assert device.memory.read(buffers, len(initial)) == bytes(expected)
+        assert device.memory.violations() == [] and device.memory.faults() == []
+    finally:
+        rig.close()

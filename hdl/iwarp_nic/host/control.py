@@ -15,7 +15,7 @@ from ..axi import AxiLite
 from ..ddp.stag import StagWrite
 from ..engine import EngineOpen
 from ..errors import Violation
-from ..exact import eq, is_zero, lt, mask, sub
+from ..exact import add, eq, is_zero, lt, mask, sub, widened
 from ..mpa.gather import GatherCommand, Release
 from ..rdmap import TerminateHeader
 from ..roundrobin import merge
@@ -36,7 +36,7 @@ from .nicmap import (
     command_layouts,
     nic_map,
 )
-from .rings import Doorbell, Ring
+from .rings import Doorbell, ReceiveRing, Ring
 
 __all__ = ["HostControl"]
 
@@ -51,15 +51,18 @@ class HostControl(wiring.Component):
     s_axil : In(AxiLite(addr_width=16, data_bytes=4))
     mac, ip, hash_key, isn_key : Out(48), Out(32), Out(32), Out(128)
         The node's addresses and keys (registers).
-    o_stag_write, o_cq, o_qp_cqs, o_sq_ring, o_rq_ring, o_engine_open, o_gather, o_tcp :
+    o_stag_write, o_cq, o_qp_cqs, o_sq_ring, o_rq_ring, o_engine_open, o_gather, o_tcp,
+    o_srq_ring :
         The commands (:class:`~.nicmap.CommandOp`), each from the mailbox as written:
         ``MR_WRITE``, ``CQ_OPEN``, ``QP_OPEN`` (three transfers at once: completion queues,
-        send queue ring, receive queue ring, taken together), ``ENGINE_OPEN``, ``GATHER``,
-        ``TCP``.
+        send queue ring, receives, taken together), ``ENGINE_OPEN``, ``GATHER``, ``TCP``,
+        ``SRQ_OPEN``.
     o_frame_header, o_frame : Out(stream.Signature(ChunkHeader(conns))), Out(BeatStream(n))
         ``FRAME``: a chunk of the connection's TCP stream, the octets written into
         ``frame_data`` (four per write, lane 0 first; the last word's spare octets dropped).
     o_sq_doorbell, o_rq_doorbell, o_cq_head : the doorbells, each naming its queue
+        (``o_rq_doorbell``: queue pair ``k``'s receive queue is ``k``, shared receive queue
+        ``s`` is ``conns + s``, from ``srq_doorbell``)
     i_tcp_event, i_startup_header, i_startup, i_fault, i_peer_terminate, i_cq_event :
         What the NIC reports, each queued as an event (a startup piece's octets into the
         ``startup_data`` queue); taken round robin while the event queue has room.
@@ -70,7 +73,7 @@ class HostControl(wiring.Component):
         name.
 
     ``limits`` reads ``ird_max`` and ``ord_max``: the engine's (the host must agree no larger
-    IRD and ORD with a peer).
+    IRD and ORD with a peer), and ``srqs``.
 
     A command whose block is busy holds the bus's write response until it is taken; an
     unknown command is taken and ignored. A ``FRAME`` longer than the octets written waits for
@@ -78,13 +81,13 @@ class HostControl(wiring.Component):
     startup octets received.
     """
 
-    def __init__(self, data_bytes, *, conns=16, cqs=16, pd_bits=16, stag_entries=4096,
+    def __init__(self, data_bytes, *, conns=16, cqs=16, srqs=4, pd_bits=16, stag_entries=4096,
                  events=16, ird_max=8, ord_max=32):
         self.data_bytes = check_data_bytes(data_bytes)
-        self.conns, self.cqs, self.events = conns, cqs, events
+        self.conns, self.cqs, self.srqs, self.events = conns, cqs, srqs, events
         self.ird_max, self.ord_max = ird_max, ord_max
-        self.regmap = nic_map(conns=conns, cqs=cqs)
-        self.commands = command_layouts(conns=conns, cqs=cqs, pd_bits=pd_bits,
+        self.regmap = nic_map(conns=conns, cqs=cqs, srqs=srqs)
+        self.commands = command_layouts(conns=conns, cqs=cqs, srqs=srqs, pd_bits=pd_bits,
                                         stag_entries=stag_entries)
         n = data_bytes
         super().__init__({
@@ -95,14 +98,15 @@ class HostControl(wiring.Component):
             "o_cq": Out(stream.Signature(with_conn(Ring, cqs))),
             "o_qp_cqs": Out(stream.Signature(QueuePairCqs(conns, cqs))),
             "o_sq_ring": Out(stream.Signature(with_conn(Ring, conns))),
-            "o_rq_ring": Out(stream.Signature(with_conn(Ring, conns))),
+            "o_rq_ring": Out(stream.Signature(with_conn(ReceiveRing(srqs), conns))),
+            "o_srq_ring": Out(stream.Signature(with_conn(Ring, srqs))),
             "o_engine_open": Out(stream.Signature(EngineOpen(conns, pd_bits))),
             "o_gather": Out(stream.Signature(GatherCommand(conns))),
             "o_tcp": Out(stream.Signature(Command(conns))),
             "o_frame_header": Out(stream.Signature(ChunkHeader(conns))),
             "o_frame": Out(BeatStream(n)),
             "o_sq_doorbell": Out(stream.Signature(with_conn(Doorbell, conns))),
-            "o_rq_doorbell": Out(stream.Signature(with_conn(Doorbell, conns))),
+            "o_rq_doorbell": Out(stream.Signature(with_conn(Doorbell, conns + srqs))),
             "o_cq_head": Out(stream.Signature(with_conn(Doorbell, cqs))),
             "i_tcp_event": In(stream.Signature(Event(conns))),
             "i_startup_header": In(stream.Signature(Release(conns))),
@@ -122,7 +126,7 @@ class HostControl(wiring.Component):
         m.d.comb += [
             bank.id.eq(MAGIC), bank.version.eq(VERSION),
             bank.features.eq(self.conns | self.cqs << 13 | n << 26),
-            bank.limits.eq(self.ird_max | self.ord_max << 8),
+            bank.limits.eq(self.ird_max | self.ord_max << 8 | self.srqs << 16),
             self.mac.eq(bank.mac), self.ip.eq(bank.ip), self.hash_key.eq(bank.hash_key),
             self.isn_key.eq(Cat(bank.isn_key_lo, bank.isn_key_hi)), self.irq.eq(bank.irq),
             *(getattr(bank, name).eq(self.counters[name]) for name in COUNTERS),
@@ -131,6 +135,15 @@ class HostControl(wiring.Component):
             door, out = getattr(bank, name), getattr(self, f"o_{name}")
             m.d.comb += [out.valid.eq(door.valid), out.payload.conn.eq(door.payload.index),
                          out.payload.tail.eq(door.payload.value), door.ready.eq(out.ready)]
+        # A shared receive queue's doorbell, on the receive queues' after theirs (one register
+        # write at a time: the two are never valid together).
+        shared, out = bank.srq_doorbell, self.o_rq_doorbell
+        queue = add(widened(m, shared.payload.index, len(out.payload.conn), "srq_queue"),
+                    self.conns)
+        m.d.comb += shared.ready.eq(out.ready)
+        with m.If(shared.valid):
+            m.d.comb += [out.valid.eq(1), out.payload.conn.eq(queue),
+                         out.payload.tail.eq(shared.payload.value)]
         frame = stream.Signature(ChunkHeader(self.conns)).create()
         self._commands(m, bank, frame)
         self._frames(m, bank, frame, n)
@@ -150,13 +163,15 @@ class HostControl(wiring.Component):
                      self.o_sq_ring.payload.log2_entries.eq(qp.sq.log2_entries),
                      self.o_rq_ring.payload.conn.eq(qp.cqs.conn),
                      self.o_rq_ring.payload.base.eq(qp.rq.base),
-                     self.o_rq_ring.payload.log2_entries.eq(qp.rq.log2_entries)]
+                     self.o_rq_ring.payload.log2_entries.eq(qp.rq.log2_entries),
+                     self.o_rq_ring.payload.srq.eq(qp.rq.srq)]
         qp_ready = Cat(port.ready for port in qp_ports).all()
         for port in qp_ports:
             m.d.comb += port.valid.eq(command.valid & eq(op, CommandOp.QP_OPEN) & qp_ready)
         targets = {CommandOp.MR_WRITE: self.o_stag_write, CommandOp.CQ_OPEN: self.o_cq,
                    CommandOp.ENGINE_OPEN: self.o_engine_open, CommandOp.GATHER: self.o_gather,
-                   CommandOp.TCP: self.o_tcp, CommandOp.FRAME: frame}
+                   CommandOp.TCP: self.o_tcp, CommandOp.FRAME: frame,
+                   CommandOp.SRQ_OPEN: self.o_srq_ring}
         known = Cat(eq(op, code) for code in CommandOp).any()
         ready = ~known | (eq(op, CommandOp.QP_OPEN) & qp_ready)
         for code, port in targets.items():

@@ -13,7 +13,9 @@ How the host drives the NIC
   ==============  =====================================================================
   ``MR_WRITE``    a STag table entry (register, deregister: RFC 5040 section 6, RFC 5042)
   ``CQ_OPEN``     a completion queue made afresh: its ring in host memory
-  ``QP_OPEN``     a queue pair's send and receive queue rings, and its completion queues
+  ``QP_OPEN``     a queue pair's send queue ring, its receive queue ring or the shared
+                  receive queue it takes its receives from, and its completion queues
+  ``SRQ_OPEN``    a shared receive queue made afresh: its ring in host memory
   ``ENGINE_OPEN`` a connection's iWARP engine context, with what its MPA exchange settled
   ``GATHER``      the MPA receive side: ``START`` (a startup frame comes) or ``FPDUS``
   ``TCP``         a TCP command: listen, connect, close, abort
@@ -22,7 +24,8 @@ How the host drives the NIC
   ==============  =====================================================================
 
 * **Doorbells.** ``sq_doorbell``, ``rq_doorbell`` (the index after the last entry posted, per
-  queue pair) and ``cq_head`` (the index after the last entry read, per completion queue).
+  queue pair), ``srq_doorbell`` (the same, per shared receive queue) and ``cq_head`` (the
+  index after the last entry read, per completion queue).
 * **Events.** The NIC queues an :data:`NicEvent` for each TCP event, each startup frame
   received (its octets in ``startup_data``), each connection's first protocol violation, each
   Terminate received and each completion queue entry written. ``event0``/``event1`` show the
@@ -51,7 +54,7 @@ from ..tcp.engine import COUNTERS as TCP_COUNTERS
 from ..tcp.layouts import ChunkHeader, Command, conn_bits, with_conn
 from .completion import QueuePairCqs
 from .regmap import PULSE, RO, RW, W1C, Field, Register, RegisterMap
-from .rings import Ring
+from .rings import ReceiveRing, Ring
 
 __all__ = ["MAGIC", "VERSION", "MAILBOX_WORDS", "COUNTERS_OFFSET", "COUNTERS", "CommandOp",
            "NicEventKind", "NicEvent", "TcpEventData", "QueuePairRings", "command_layouts",
@@ -79,6 +82,7 @@ class CommandOp(enum.IntEnum):
     GATHER = 5
     TCP = 6
     FRAME = 7
+    SRQ_OPEN = 8
 
 
 class NicEventKind(enum.IntEnum):
@@ -99,42 +103,45 @@ NicEvent = StructLayout({"kind": 4, "conn": 12, "code": 16, "data": 96})
 TcpEventData = StructLayout({"remote_ip": 32, "remote_port": 16, "local_port": 16})
 
 
-def QueuePairRings(conns, cqs):
-    """``QP_OPEN``: queue pair ``conn``'s completion queues, and its send queue and receive
-    queue rings (each made afresh, nothing posted)."""
-    return StructLayout({"cqs": QueuePairCqs(conns, cqs), "sq": Ring, "rq": Ring})
+def QueuePairRings(conns, cqs, srqs):
+    """``QP_OPEN``: queue pair ``conn``'s completion queues, its send queue ring and its
+    receives (a ring of its own or one of ``srqs`` shared receive queues: each ring made
+    afresh, nothing posted)."""
+    return StructLayout({"cqs": QueuePairCqs(conns, cqs), "sq": Ring, "rq": ReceiveRing(srqs)})
 
 
-def command_layouts(*, conns, cqs, pd_bits, stag_entries):
+def command_layouts(*, conns, cqs, srqs, pd_bits, stag_entries):
     """``{CommandOp: layout}``: what each command's mailbox holds, from bit 0."""
     return {
         CommandOp.MR_WRITE: StagWrite(pd_bits, stag_entries.bit_length() - 1),
         CommandOp.CQ_OPEN: with_conn(Ring, cqs),
-        CommandOp.QP_OPEN: QueuePairRings(conns, cqs),
+        CommandOp.QP_OPEN: QueuePairRings(conns, cqs, srqs),
         CommandOp.ENGINE_OPEN: EngineOpen(conns, pd_bits),
         CommandOp.GATHER: GatherCommand(conns),
         CommandOp.TCP: Command(conns),
         CommandOp.FRAME: ChunkHeader(conns),
+        CommandOp.SRQ_OPEN: with_conn(Ring, srqs),
     }
 
 
-def header_layouts(*, conns, cqs, pd_bits, stag_entries):
+def header_layouts(*, conns, cqs, srqs, pd_bits, stag_entries):
     """``{name: layout}`` of everything in memory or in the mailbox the C header describes:
     the descriptors, the event, and each command's arguments (``cmd_<op>``)."""
     from .formats import Cqe, RqWqe, SqWqe
     layouts = {"sq_wqe": SqWqe, "rq_wqe": RqWqe, "cqe": Cqe, "event": NicEvent,
                "tcp_event": TcpEventData}
-    for op, layout in command_layouts(conns=conns, cqs=cqs, pd_bits=pd_bits,
+    for op, layout in command_layouts(conns=conns, cqs=cqs, srqs=srqs, pd_bits=pd_bits,
                                       stag_entries=stag_entries).items():
         layouts[f"cmd_{op.name.lower()}"] = layout
     return layouts
 
 
-def nic_map(*, conns, cqs):
-    """The register map of a NIC of ``conns`` queue pairs (connections) and ``cqs``
-    completion queues."""
-    if conn_bits(conns) > 12 or conn_bits(cqs) > 12:
-        raise ValueError("at most 4096 queue pairs and completion queues")
+def nic_map(*, conns, cqs, srqs):
+    """The register map of a NIC of ``conns`` queue pairs (connections), ``cqs`` completion
+    queues and ``srqs`` shared receive queues."""
+    if conn_bits(conns) > 12 or conn_bits(cqs) > 12 or conn_bits(srqs) > 12:
+        raise ValueError("at most 4096 queue pairs, completion queues and shared receive "
+                         "queues")
     return RegisterMap("iwarp_nic", [
         Register("id", 0x000, RO, doc="MAGIC: 'iWAR'"),
         Register("version", 0x004, RO),
@@ -148,8 +155,10 @@ def nic_map(*, conns, cqs):
         Register("isn_key_hi", 0x028, RW, width=64, doc="its bits 64-127"),
         Register("irq_status", 0x030, W1C, [Field("event", 0)], width=1, enable="irq_enable"),
         Register("irq_enable", 0x034, RW, width=1),
-        Register("limits", 0x038, RO, [Field("ird", 0, 8), Field("ord", 8, 8)],
-                 doc="the largest IRD and ORD a queue pair may be opened with"),
+        Register("limits", 0x038, RO, [Field("ird", 0, 8), Field("ord", 8, 8),
+                                        Field("srqs", 16, 13)],
+                 doc="the largest IRD and ORD a queue pair may be opened with; the shared "
+                     "receive queues"),
         Register("command", 0x040, PULSE, [Field("op", 0, 8)]),
         Register("frame_data", 0x044, PULSE, doc="four octets of a frame, lane 0 first"),
         Register("event_pop", 0x048, PULSE),
@@ -162,4 +171,5 @@ def nic_map(*, conns, cqs):
         Register("sq_doorbell", 0x1000, PULSE, [Field("tail", 0, 16)], count=conns, stride=4),
         Register("rq_doorbell", 0x2000, PULSE, [Field("tail", 0, 16)], count=conns, stride=4),
         Register("cq_head", 0x3000, PULSE, [Field("tail", 0, 16)], count=cqs, stride=4),
+        Register("srq_doorbell", 0x4000, PULSE, [Field("tail", 0, 16)], count=srqs, stride=4),
     ], addr_width=16)

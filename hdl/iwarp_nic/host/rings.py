@@ -12,10 +12,19 @@ from amaranth.lib.data import StructLayout
 
 from ..exact import add, eq, mask, same, select, widened
 
-__all__ = ["Ring", "Doorbell", "Rings"]
+__all__ = ["Ring", "ReceiveRing", "Doorbell", "Rings"]
 
 #: A queue made afresh (a queue pair created): its ring, no entry posted.
 Ring = StructLayout({"base": 64, "log2_entries": 4})
+
+
+def ReceiveRing(srqs):
+    """A queue pair's receives: ``srq`` 0 for a receive queue of its own, the ring (made
+    afresh, nothing posted); ``srq`` s + 1 to take them from shared receive queue s of
+    ``srqs`` (the ring unused)."""
+    return StructLayout({**dict(Ring.members), "srq": srqs.bit_length()})
+
+
 #: The driver's doorbell: the index after the last entry posted.
 Doorbell = StructLayout({"tail": 16})
 
