@@ -6,11 +6,13 @@ Each connection's stream is built by the model: an MPA Request or Reply
 with markers or not, ULPDUs of random lengths. The streams are cut into TCP-like chunks and the
 chunks of all connections interleaved at random, with random idle and stall cycles on every
 stream; a host answers each STARTUP release with the FPDUS command (the connection's markers
-and CRC setting) before that connection's FPDU chunks may go. The oracle replays the same chunks
-against the frame boundaries the model produced: after each chunk, a connection's octets up to
-its last complete frame are released, so the whole sequence of releases (connection, kind,
-marker position, octets, and the settings an FPDUS piece carries: markers, CRC, and whether it
-is the connection's first FPDUS piece) must match.
+and CRC setting) before that connection's FPDU chunks may go, or, for a peer that sends its
+FPDUs right behind its startup frame (as Linux siw's Responder does), at some point among them.
+The oracle replays the same chunks and commands against the frame boundaries the model
+produced: after each chunk, a connection's octets up to its last complete frame are released
+(before FPDU mode, only the startup frame; the command releases what was held), so the whole
+sequence of releases (connection, kind, marker position, octets, and the settings an FPDUS piece
+carries: markers, CRC, and whether it is the connection's first FPDUS piece) must match.
 """
 
 import random
@@ -55,23 +57,62 @@ class Stream:
     delivered: int = 0
     released: int = 0
     passing: int | None = None      # offset from which framing is lost (an over-long length)
-    early: bool = False             # the startup frame is out and FPDU mode not set yet
+    ring: int = RING                # the gather's ring and largest chunk
+    chunk: int = CHUNK
+    commanded: bool = False         # FPDUS given
+    lost: bool = False              # framing is lost: octets go as they come
+    after: ReleaseKind = ReleaseKind.EARLY      # the kind of what follows the startup frame
     fpdus_out: bool = False         # an FPDUS piece has been released
+    held_out: int = 0               # octets the FPDUS command released
 
-    def kind_at(self, offset):
-        if offset < len(self.startup):
-            return ReleaseKind.STARTUP
-        return ReleaseKind.EARLY if self.early else ReleaseKind.FPDUS
+    def held_framing(self):
+        """Where the frames after the startup frame end when framed without markers, as the
+        gather frames what comes before FPDU mode, and where that framing is lost (or None)."""
+        limit = max_frame_ulpdu(self.ring, self.chunk)
+        ends, at = [], len(self.startup)
+        while at + 2 <= len(self.octets):
+            length = int.from_bytes(self.octets[at:at + 2], "big")
+            if length > limit:
+                return ends, at + 2
+            at += wire_length(length)
+            ends.append(at)
+        return ends, None
 
     def piece(self):
         """What the gather releases after the chunk that brought ``delivered`` octets."""
-        kind = self.kind_at(self.released)
-        if self.passing is not None and self.delivered >= self.passing:
-            end = self.delivered
+        head = len(self.startup)
+        ends, passing = self.ends, self.passing
+        if not self.commanded and self.delivered > head:
+            # Held: the startup frame goes alone, unless the held octets leave no room for a
+            # chunk or are framed into an over-long length.
+            ends, passing = [head], self.held_framing()[1]
+            if self.delivered - head > self.ring - self.chunk:
+                passing = self.delivered
+        if self.lost or (passing is not None and self.delivered >= passing):
+            self.lost = True
+            return self.release(self.delivered)
+        return self.release(max([self.released] + [e for e in ends if e <= self.delivered]))
+
+    def command(self):
+        """What the FPDUS command releases (None for nothing)."""
+        self.commanded = True
+        if self.lost:
+            return None
+        if not self.markers:
+            self.after = ReleaseKind.FPDUS
+            piece = self.piece()
         else:
-            end = max([self.released] + [e for e in self.ends if e <= self.delivered])
+            piece = self.release(self.delivered)    # framed without markers: wrongly
+            self.lost = piece is not None
+            if not self.lost:
+                self.after = ReleaseKind.FPDUS
+        self.held_out = len(piece[3]) if piece else 0
+        return piece
+
+    def release(self, end):
         if end == self.released:
             return None
+        kind = ReleaseKind.STARTUP if self.released < len(self.startup) else self.after
         start, self.released = self.released, end
         if kind == ReleaseKind.FPDUS:
             settings = (int(self.markers), int(self.crc), int(not self.fpdus_out))
@@ -82,10 +123,12 @@ class Stream:
                 bytes(self.octets[start:end])) + settings
 
 
-def build(rng, conn, n_fpdus, *, oversize_at=None, largest=2599, big=False, crc=None):
+def build(rng, conn, n_fpdus, *, oversize_at=None, largest=2599, big=False, crc=None,
+          markers=None):
     """A connection's stream: a startup frame, then ``n_fpdus`` FPDUs (one with ULPDU_Length
     0xFFFF, its field complete at ``passing``, when ``oversize_at`` is given). With ``big``, the
-    largest private data and a last FPDU of ``largest`` octets."""
+    largest private data and a last FPDU of ``largest`` octets. The FPDUs' ``crc`` and
+    ``markers`` are random unless given."""
     pd_size = 512 if big else rng.choice([0, 1, 3, 17, 100, 512])
     pd = bytes(rng.getrandbits(8) for _ in range(pd_size))
     frame = MpaFrame(reply=rng.random() < 0.5, markers=rng.random() < 0.5,
@@ -96,6 +139,8 @@ def build(rng, conn, n_fpdus, *, oversize_at=None, largest=2599, big=False, crc=
     s.crc = rng.random() < 0.5      # the CRC setting the host gives with FPDUS
     if crc is not None:
         s.crc = crc
+    if markers is not None:
+        s.markers = markers
     framer = Framer(crc=s.crc, markers=s.markers)
     for k in range(n_fpdus):
         size = rng.choice([0, 1, 2, 3, 14, 28, rng.randint(0, 600),
@@ -118,10 +163,13 @@ def build(rng, conn, n_fpdus, *, oversize_at=None, largest=2599, big=False, crc=
     return s
 
 
-def chunks_of(rng, s, n, chunk=CHUNK):
-    """The startup frame's chunks, then the FPDUs' (none crossing the startup frame's end)."""
+def chunks_of(rng, s, n, chunk=CHUNK, *, cross=False):
+    """The startup frame's chunks, then the FPDUs' (with ``cross``, the last of the first list
+    may run on into the FPDUs, as a segment that carries a Reply and the FPDUs behind it)."""
     sizes = (1, 2, 3, 7, n, n + 1, 64, 300, chunk)
     head = len(s.startup)
+    if cross and rng.random() < 0.5:
+        head = min(len(s.octets), head + rng.randint(1, chunk // 2))
 
     def cut(lo, hi):
         out = []
@@ -134,22 +182,47 @@ def chunks_of(rng, s, n, chunk=CHUNK):
     return cut(0, head), cut(head, len(s.octets))
 
 
-def drivers(n, dut, streams, rng, startup_seen, *, early=()):
+def drivers(n, dut, streams, rng, startup_seen, *, early=(), never=()):
     """The testbenches that feed ``streams`` to ``dut`` (a gather, or something with one at its
     input): a sender of their chunks, interleaved at random, and a host that starts every
-    connection and gives FPDUS once ``startup_seen(conn)``; FPDU chunks go only after it, but
-    connections in ``early`` get theirs before any command. Returns the two, the oracle's list
-    of expected releases (filled as chunks go) and a dict whose ``"sent"`` says all went."""
-    plans = {s.conn: chunks_of(rng, s, n) for s in streams}
+    connection and gives FPDUS once ``startup_seen(conn)``; FPDU chunks go only after it. The
+    connections in ``early`` send theirs at once, the startup frame's last chunk perhaps running
+    on into them, and the sender gives their FPDUS once their startup frame is seen and one to
+    four of their FPDUs have gone (never for those in ``never``). Returns the two, the oracle's
+    list of expected releases (filled as chunks and commands go) and a dict whose ``"sent"``
+    says all went."""
+    plans = {s.conn: chunks_of(rng, s, n, cross=s.conn in early) for s in streams}
     allowed = {s.conn: False for s in streams}      # FPDU chunks may go
     expected = []
-    state = {"sent": False, "started": False}
+    state = {"sent": False, "started": False, "commanding": False}
+    # The offset behind which the sender gives an early connection's FPDUS.
+    held_until = {s.conn: s.ends[min(rng.randint(1, 4), len(s.ends) - 1)] for s in streams}
+
+    async def command(ctx, s):
+        """FPDUS for ``s``, the two testbenches taking turns on the command port."""
+        while state["commanding"]:
+            await ctx.tick()
+        state["commanding"] = True
+        await send(AmaranthBus(ctx), StreamPort.amaranth(dut.i_cmd),
+                   [{"op": GatherOp.FPDUS.value, "conn": s.conn, "markers": int(s.markers),
+                     "crc": int(s.crc)}], rng=rng, idle=IDLE)
+        state["commanding"] = False
 
     async def sender(ctx):
         bus = AmaranthBus(ctx)
         while not state["started"]:                 # START before a connection's octets
             await ctx.tick()
-        while any(plans[c][0] or plans[c][1] for c in plans):
+        def uncommanded():
+            return [c for c in sorted(set(early) - set(never)) if not streams[c].commanded]
+
+        while any(plans[c][0] or plans[c][1] for c in plans) or uncommanded():
+            for c in uncommanded():
+                s = streams[c]
+                if startup_seen(c) and (s.delivered >= held_until[c] or not plans[c][1]):
+                    piece = s.command()             # between this connection's chunks
+                    if piece:
+                        expected.append(piece)
+                    await command(ctx, s)
             ready = [c for c in plans if plans[c][0]
                      or (plans[c][1] and (allowed[c] or (c in early and not plans[c][0])))]
             if not ready:
@@ -160,10 +233,6 @@ def drivers(n, dut, streams, rng, startup_seen, *, early=()):
             startup, fpdus = plans[c]
             lo, hi = (startup if startup else fpdus).pop(0)
             s.delivered = hi
-            if s.delivered > len(s.startup) and not allowed[c]:
-                s.early = True
-                if s.passing is None or s.passing > len(s.startup):
-                    s.passing = len(s.startup)
             piece = s.piece()
             if piece:
                 expected.append(piece)
@@ -180,24 +249,20 @@ def drivers(n, dut, streams, rng, startup_seen, *, early=()):
                     for s in streams],
                    rng=rng, idle=IDLE)
         state["started"] = True
-        done = set()
+        done = set(early)
         while len(done) < len(streams):
             for s in streams:
                 if s.conn not in done and startup_seen(s.conn):
                     done.add(s.conn)
-                    if s.conn in early:
-                        continue
-                    await send(bus, StreamPort.amaranth(dut.i_cmd),
-                               [{"op": GatherOp.FPDUS.value, "conn": s.conn,
-                                 "markers": int(s.markers), "crc": int(s.crc)}],
-                               rng=rng, idle=IDLE)
+                    assert s.command() is None      # nothing held: no release
+                    await command(ctx, s)
                     allowed[s.conn] = True
             await ctx.tick()
 
     return sender, host, expected, state
 
 
-def gather_run(n, streams, rng, *, early=()):
+def gather_run(n, streams, rng, *, early=(), never=()):
     """Run the streams through a FrameGather; return (expected, got) release lists."""
     dut = FrameGather(n, conns=CONNS, ring_bytes=RING, max_chunk=CHUNK)
     got = []
@@ -205,7 +270,8 @@ def gather_run(n, streams, rng, *, early=()):
     def startup_seen(conn):
         return any(g[0] == conn and g[1] == ReleaseKind.STARTUP for g in got)
 
-    sender, host, expected, state = drivers(n, dut, streams, rng, startup_seen, early=early)
+    sender, host, expected, state = drivers(n, dut, streams, rng, startup_seen, early=early,
+                                            never=never)
 
     async def receiver(ctx):
         bus = AmaranthBus(ctx)
@@ -256,12 +322,33 @@ def test_framing_lost(n):
     their octets are released as they come, the third connection's frames as before."""
     rng = random.Random(600 + n)
     fpdus = 5 if n == 1 else 20
-    streams = [build(rng, 0, fpdus, oversize_at=3), build(rng, 1, fpdus), build(rng, 2, fpdus)]
-    expected, got = gather_run(n, streams, rng, early={1})
+    streams = [build(rng, 0, fpdus, oversize_at=3), build(rng, 1, fpdus, markers=False),
+               build(rng, 2, fpdus)]
+    expected, got = gather_run(n, streams, rng, early={1}, never={1})
     check(expected, got)
     kinds = {(g[0], g[1]) for g in got}
     assert (1, ReleaseKind.EARLY) in kinds
     assert sorted(g[0] for g in got if g[6]) == [0, 2]     # no FPDUS command, no first piece
+
+
+@pytest.mark.parametrize("n", WIDTHS)
+def test_fpdus_before_fpdu_mode(n):
+    """Peers that send FPDUs right behind their startup frame, in its last segment or after it,
+    before this end has set FPDU mode: without markers, the FPDUs wait in the ring and the
+    FPDUS command releases them as the first FPDUS piece; with markers (framed wrongly while
+    held), as EARLY, as does everything after."""
+    rng = random.Random(900 + n)
+    fpdus = 6 if n == 1 else 25
+    streams = [build(rng, 0, fpdus, markers=False), build(rng, 1, fpdus, markers=False),
+               build(rng, 2, fpdus, markers=True)]
+    expected, got = gather_run(n, streams, rng, early={0, 1, 2})
+    check(expected, got)
+    kinds = {c: {g[1] for g in got if g[0] == c} for c in range(CONNS)}
+    for c in (0, 1):
+        assert kinds[c] == {ReleaseKind.STARTUP, ReleaseKind.FPDUS}, f"connection {c}"
+        assert b"".join(g[3] for g in got if g[0] == c) == streams[c].octets
+    assert ReleaseKind.EARLY in kinds[2] and ReleaseKind.FPDUS not in kinds[2]
+    assert streams[0].held_out and streams[1].held_out     # the commands released FPDUs
 
 
 @pytest.mark.parametrize("n", WIDTHS)
@@ -276,6 +363,8 @@ def test_slot_reuse(n):
     dut = FrameGather(n, conns=2, ring_bytes=ring, max_chunk=chunk)
     largest = dut.max_ulpdu
     rounds = [build(rng, 1, 3 if n == 1 else 8, largest=largest, big=True) for _ in range(6)]
+    for s in rounds:
+        s.ring, s.chunk = ring, chunk
     expected, got = [], []
 
     async def bench(ctx):
@@ -294,6 +383,7 @@ def test_slot_reuse(n):
                 if k == len(startup):
                     while len(got) < len(expected):
                         await ctx.tick()
+                    assert s.command() is None
                     await send(bus, cmd, [{"op": GatherOp.FPDUS.value, "conn": 1,
                                            "markers": int(s.markers), "crc": int(s.crc)}])
                 s.delivered = hi

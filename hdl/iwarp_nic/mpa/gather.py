@@ -64,10 +64,11 @@ def GatherCommand(conns):
 class ReleaseKind(enum.Enum, shape=2):
     """What a released piece of a connection's stream holds."""
 
-    STARTUP = 0  # the startup frame (and any octets that followed it in the same chunk)
+    STARTUP = 0  # the startup frame (and, if holding ended in its chunk, the octets after it)
     FPDUS = 1    # whole FPDUs, from an FPDU boundary on; after an over-long ULPDU_Length, the
                  # octets as they come, from that FPDU on
-    EARLY = 2    # octets that followed the startup frame before FPDU mode was set
+    EARLY = 2    # octets that followed the startup frame before FPDU mode was set and could
+                 # not be held for it (see FrameGather)
 
 
 def Release(conns):
@@ -104,6 +105,7 @@ class _Mode(enum.Enum, shape=2):
 _Context = data.StructLayout({
     "wseq": 32,         # stream offset of the next octet to arrive (octet 0: the startup frame's)
     "start": 32,        # offset of the first octet not released yet: a frame boundary
+    "held": 16,         # AWAIT: octets of whole FPDUs from `start` on, held back until FPDUS
     "mode": _Mode,
     "kind": ReleaseKind,    # the kind of the next release
     "passing": 1,       # framing is lost: every octet is released as it comes
@@ -148,14 +150,25 @@ class FrameGather(wiring.Component):
 
     What is released when a chunk of connection ``c`` ends: its octets up to the end of the last
     frame they complete, from where the previous piece ended. The first frame is the startup
-    frame, ``20 + PD_Length`` octets: released as STARTUP. Octets after it before ``FPDUS``
-    (RFC 5044 7.1.2 forbids them) are released as they come, as EARLY, and so is all that
-    follows. After ``FPDUS``, a frame is an FPDU whose length follows from its ULPDU_Length and
-    its stream offset: released as FPDUS. A PD_Length above 512 or a ULPDU_Length above
-    ``max_ulpdu`` (:func:`max_frame_ulpdu`: the largest FPDU that fits the ring beside a chunk)
-    ends the framing: from that frame on the connection's octets are released as they come, with
-    the kind they had, for the negotiator or deframer to find the same fault and stop the
-    connection. Nothing is lost or reordered, and a connection never waits for another's frame.
+    frame, ``20 + PD_Length`` octets: released as STARTUP, alone. After ``FPDUS``, a frame is an
+    FPDU whose length follows from its ULPDU_Length and its stream offset: released as FPDUS.
+
+    Octets after the startup frame that come before ``FPDUS`` are the peer's first FPDUs, sent
+    right behind its startup frame. RFC 5044 7.1.2 has a Responder wait for the Initiator's
+    first FPDU, but Linux siw's Responder sends at once, and for an Initiator they may come in
+    the Reply's own segment. They are framed as FPDUs without markers and held in the ring. The
+    ``FPDUS`` command releases them: without markers, the whole FPDUs among them as the first
+    FPDUS piece (framing goes on from there); with markers they were framed wrongly, so all of
+    them as EARLY, and framing is lost. Holding ends, and the held octets and all that follows
+    go as they come, as EARLY, when they would leave no room for a chunk beside them (more than
+    ``ring_bytes - max_chunk`` octets) or when one of their lengths is over-long: a peer that
+    floods a connection still in its exchange cannot stop the others.
+
+    A PD_Length above 512 or a ULPDU_Length above ``max_ulpdu`` (:func:`max_frame_ulpdu`: the
+    largest FPDU that fits the ring beside a chunk) ends the framing: from that frame on the
+    connection's octets are released as they come, with the kind they had, for the negotiator
+    or deframer to find the same fault and stop the connection. Nothing is lost or reordered,
+    and a connection never waits for another's frame.
 
     Rings: each connection's octets wait in its ring (``ring_bytes``, a power of two, at most
     32 KiB and at least the largest FPDU plus ``max_chunk``) until their piece has been read out.
@@ -211,8 +224,11 @@ class FrameGather(wiring.Component):
         # Released pieces, until the ring has reported their chunk's octets written and can
         # take their read: deep enough for the chunks of several connections to go on being
         # written while the ring reads out one piece after another.
+        # `stored`: a piece a command released, whose octets earlier chunks wrote (it takes no
+        # write report).
         pending = data.StructLayout({"read": RingRequest(conns), "kind": ReleaseKind,
-                                     "position": 9, "markers": 1, "crc": 1, "first": 1})
+                                     "position": 9, "markers": 1, "crc": 1, "first": 1,
+                                     "stored": 1})
         m.submodules.releases = releases = SyncFIFOBuffered(width=pending.size,
                                                             depth=_RELEASES)
         # Reads from the ring (and abandoned octets), in order, until their octets have left.
@@ -238,9 +254,10 @@ class FrameGather(wiring.Component):
         m.submodules.to_read = to_read = SkidBuffer(RingRequest(self.conns))
         wiring.connect(m, to_read.o, ring.i_read)
         # The ring's write reports, taken as they come and counted: one per chunk, in the
-        # order of the releases (at most one per release waiting, and the chunk being written).
+        # order of the chunks' releases (at most one per release waiting, and the chunk being
+        # written). A stored piece's octets are in: the chunks before it were reported.
         reported = Signal(range(_RELEASES + 2))
-        both = releases.r_rdy & ~is_zero(reported)
+        both = releases.r_rdy & (head.stored | ~is_zero(reported))
         empty = is_zero(head.read.length)
         room = to_read.i.ready & headers.w_rdy & reads.w_rdy
         push = Signal()
@@ -253,7 +270,7 @@ class FrameGather(wiring.Component):
             releases.r_en.eq(issued),
             ring.o_written.ready.eq(1),
         ]
-        m.d.sync += reported.eq(reported + ring.o_written.valid - issued)
+        m.d.sync += reported.eq(reported + ring.o_written.valid - (issued & ~head.stored))
         header = data.View(Release(self.conns), headers.w_data)
         m.d.comb += [header.conn.eq(head.read.conn), header.length.eq(head.read.length),
                      header.kind.eq(head.kind), header.position.eq(head.position),
@@ -367,9 +384,11 @@ class FrameGather(wiring.Component):
                                  kind.eq(cur.kind), cached.eq(1)]
                     state.goto("IDLE")
         with state.state("COMMAND"):
-            self._command(m, cmd, conn, ctx_rd.data, ctx_wr, reads, reading, read_push, state)
+            self._command(m, cmd, conn, ctx_rd.data, ctx_wr, reads, reading, read_push,
+                          releases, pending, state)
 
-    def _command(self, m, cmd, conn, ctx, ctx_wr, reads, reading, read_push, state):
+    def _command(self, m, cmd, conn, ctx, ctx_wr, reads, reading, read_push, releases, pending,
+                 state):
         """COMMAND: the connection's context (read in the cycle the command was taken, then
         addressed by ``conn``) changed as ``cmd`` says."""
         with m.If(eq(cmd.op.as_value(), GatherOp.START.value)):
@@ -382,20 +401,46 @@ class FrameGather(wiring.Component):
                              ctx_wr.data.wseq.eq(ctx.wseq), ctx_wr.data.start.eq(ctx.wseq)]
                 state.goto("IDLE")
         with m.Else():
-            # FPDUS: only after the startup frame; the next octet starts an FPDU.
-            m.d.comb += [ctx_wr.en.eq(1), ctx_wr.data.eq(ctx)]
-            with m.If(eq(ctx.mode.as_value(), _Mode.AWAIT.value)):
-                m.d.comb += [ctx_wr.data.mode.eq(_Mode.FPDUS), ctx_wr.data.markers.eq(cmd.markers),
-                             ctx_wr.data.crc.eq(cmd.crc), ctx_wr.data.first.eq(1),
-                             ctx_wr.data.skip.eq(Mux(cmd.markers, _MARKER, 0))]
-                with m.If(~ctx.passing):
-                    m.d.comb += ctx_wr.data.kind.eq(ReleaseKind.FPDUS)
-            state.goto("IDLE")
+            # FPDUS: only after the startup frame, whose end starts the first FPDU. Octets held
+            # since (framed without markers) leave now: without markers, the whole FPDUs among
+            # them as the first FPDUS piece, and framing goes on from there; with markers, the
+            # framing was wrong, so all of them as EARLY, and framing is lost.
+            awaiting = eq(ctx.mode.as_value(), _Mode.AWAIT.value)
+            unreleased = wrap_sub(m, ctx.wseq[:16], ctx.start[:16], 16, "held_unreleased")
+            length = Mux(cmd.markers, unreleased, ctx.held)
+            give = awaiting & ~ctx.passing & ~is_zero(length)
+            lost = give & cmd.markers
+            entry = data.View(pending, releases.w_data)
+            m.d.comb += [entry.read.conn.eq(conn), entry.read.seq.eq(ctx.start),
+                         entry.read.length.eq(length),
+                         entry.kind.eq(Mux(cmd.markers, ReleaseKind.EARLY, ReleaseKind.FPDUS)),
+                         entry.crc.eq(~cmd.markers & cmd.crc), entry.first.eq(~cmd.markers),
+                         entry.stored.eq(1)]   # position 0: the piece starts the first FPDU
+            with m.If(~give | releases.w_rdy):
+                m.d.comb += [ctx_wr.en.eq(1), ctx_wr.data.eq(ctx), releases.w_en.eq(give)]
+                with m.If(awaiting):
+                    m.d.comb += [ctx_wr.data.mode.eq(_Mode.FPDUS),
+                                 ctx_wr.data.markers.eq(cmd.markers), ctx_wr.data.crc.eq(cmd.crc),
+                                 ctx_wr.data.first.eq(~give | cmd.markers),
+                                 ctx_wr.data.skip.eq(Mux(cmd.markers, _MARKER, 0)),
+                                 ctx_wr.data.held.eq(0),
+                                 ctx_wr.data.start.eq(wrap_add(m, ctx.start, length, 32,
+                                                               "held_end"))]
+                    with m.If(lost):
+                        m.d.comb += ctx_wr.data.passing.eq(1)
+                    with m.Elif(~ctx.passing):
+                        m.d.comb += ctx_wr.data.kind.eq(ReleaseKind.FPDUS)
+                state.goto("IDLE")
 
     def _release(self, m, cur, conn, first, kind, releases, pending, ctx_wr):
         """The chunk's piece (possibly empty) to the release queue; the context back, ``first``
-        cleared once an FPDUS piece goes out (an empty piece is dropped, so it does not count)."""
-        end = Mux(cur.passing, cur.wseq, cur.start)
+        cleared once an FPDUS piece goes out (an empty piece is dropped, so it does not count).
+        Before FPDU mode, octets are held only while a chunk still fits beside them: past that,
+        framing is lost and they go as they are."""
+        awaiting = eq(cur.mode.as_value(), _Mode.AWAIT.value)
+        unreleased = wrap_sub(m, cur.wseq[:16], cur.start[:16], 16, "unreleased")
+        passing = cur.passing | (awaiting & gt(unreleased, self.ring_bytes - self.max_chunk))
+        end = Mux(passing, cur.wseq, cur.start)
         entry = data.View(pending, releases.w_data)
         length = wrap_sub(m, end, first, 32, "piece")[:16]
         fpdus = eq(kind.as_value(), ReleaseKind.FPDUS.value)
@@ -404,20 +449,26 @@ class FrameGather(wiring.Component):
                      entry.position.eq(wrap_sub(m, first[:9], cur.origin, 9, "piece_position")),
                      entry.markers.eq(fpdus & cur.markers), entry.crc.eq(fpdus & cur.crc),
                      entry.first.eq(fpdus & cur.first), ctx_wr.en.eq(1)]
-        with m.If(cur.passing):
-            m.d.comb += ctx_wr.data.start.eq(cur.wseq)
+        with m.If(passing):
+            m.d.comb += [ctx_wr.data.start.eq(cur.wseq), ctx_wr.data.passing.eq(1),
+                         ctx_wr.data.held.eq(0)]
         with m.If(fpdus & ~is_zero(length)):
             m.d.comb += ctx_wr.data.first.eq(0)
 
     def _boundary(self, m, cur, offset):
         """A frame ends before stream offset ``offset``: the next begins there. After the
-        startup frame, that is the first FPDU's offset."""
-        m.d.sync += [cur.start.eq(offset), cur.framed.eq(0), cur.half.eq(0), cur.skip.eq(0)]
+        startup frame, that is the first FPDU's offset; before FPDU mode, the frames that end
+        are held (``start`` stays at the first FPDU)."""
+        m.d.sync += [cur.framed.eq(0), cur.half.eq(0), cur.skip.eq(0)]
         with m.If(eq(cur.mode.as_value(), _Mode.STARTUP.value)):
-            m.d.sync += [cur.mode.eq(_Mode.AWAIT), cur.kind.eq(ReleaseKind.EARLY),
-                         cur.origin.eq(offset[:9])]
-        with m.Elif(cur.markers & same(offset[:9], cur.origin)):
-            m.d.sync += cur.skip.eq(_MARKER)        # a leading marker
+            m.d.sync += [cur.start.eq(offset), cur.mode.eq(_Mode.AWAIT),
+                         cur.kind.eq(ReleaseKind.EARLY), cur.origin.eq(offset[:9])]
+        with m.Elif(eq(cur.mode.as_value(), _Mode.AWAIT.value)):
+            m.d.sync += cur.held.eq(wrap_sub(m, offset[:16], cur.start[:16], 16, "held_next"))
+        with m.Else():
+            m.d.sync += cur.start.eq(offset)
+            with m.If(cur.markers & same(offset[:9], cur.origin)):
+                m.d.sync += cur.skip.eq(_MARKER)        # a leading marker
 
     def _markers(self, m, cur):
         """The wire length of the FPDU whose ULPDU_Length was just read: ``cur.need`` starts as
@@ -498,10 +549,9 @@ class FrameGather(wiring.Component):
 
         # How far this cycle goes in the head beat (`step`), by what comes next in it.
         with m.If(now):
-            with m.If(cur.passing | eq(cur.mode.as_value(), _Mode.AWAIT.value)):
-                # No framing: every octet goes (after the startup frame: early octets).
+            with m.If(cur.passing):
+                # No framing: every octet goes.
                 m.d.comb += step.eq(avail)
-                m.d.sync += cur.passing.eq(1)
             with m.Elif(cur.framed):
                 # need > avail, the high bits apart (a beat holds fewer than 2**count_w octets).
                 with m.If(cur.need[count_w:].any() | (cur.need[:count_w] > avail)):
