@@ -10,6 +10,7 @@
 #   make lint       ruff, and verilator --lint-only -Wall on every top not part of another
 #   make bitstream BOARD=ecpix5   a board bitstream with utilisation and timing report
 #   make siw-guest  the QEMU guest running Linux siw -> build/siw/<variant>/ (VARIANT=stock|crc|rev1|all)
+#   make interop    the simulated NIC against every siw build -> the README's interop matrix
 
 PYTHON ?= python3
 VENV   := .venv
@@ -24,7 +25,7 @@ VARIANT ?= stock
 # cocotb, Verilator and the yowasp tools find themselves through these (see iwarp_tb.toolchain).
 RUN := $(PY) -m iwarp_tb.toolchain --
 
-.PHONY: venv test test-fast sim bench verilog lint bitstream siw-guest clean
+.PHONY: venv test test-fast sim bench verilog lint bitstream siw-guest interop clean
 
 venv: $(STAMP)
 
@@ -62,6 +63,12 @@ bitstream: $(STAMP)
 
 siw-guest: $(STAMP)
 	$(RUN) $(PY) -m iwarp_tb.siw.guest build --variant $(VARIANT)
+
+# The table is written whatever the tests gave; the target fails if one failed.
+interop: $(STAMP)
+	mkdir -p build/interop
+	-$(RUN) $(PY) -m pytest tb/siw/test_nic_vs_siw.py --junitxml=build/interop/junit.xml
+	$(PY) -m iwarp_tb.siw.matrix build/interop/junit.xml --readme README.md
 
 clean:
 	rm -rf build

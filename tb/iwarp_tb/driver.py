@@ -30,6 +30,7 @@ protocol error on a connection (a Terminate sent or received, a bad startup fram
 connection lost) moves its queue pair to ``ERR`` with the reason in :attr:`NicQp.reason`.
 """
 
+import asyncio
 import random
 from collections import deque
 from dataclasses import dataclass
@@ -82,8 +83,8 @@ from iwarp_nic.tcp.layouts import EventKind
 from .harness import pack, unpack
 from .work import Headers, Requester
 
-__all__ = ["NicDevice", "NicQp", "NicCq", "NicMr", "NicRq", "NicSrq", "run_until", "NicError",
-           "TCP_MSS"]
+__all__ = ["NicDevice", "NicQp", "NicCq", "NicMr", "NicRq", "NicSrq", "HostBytes", "run_until",
+           "NicError", "TCP_MSS"]
 
 #: The TCP engine's MSS: the EMSS the FPDUs sent are sized for (RFC 5044 section 4.5).
 TCP_MSS = 1460
@@ -125,6 +126,39 @@ class NicMr:
         return None
 
 
+class HostBytes:
+    """``length`` octets of host memory at ``addr`` (a harness memory's) as a bytearray-like
+    object: ``bytes()``, ``len()``, indexing and slicing (read and written through), ``find``
+    and ``==`` with bytes; for code written for the model's buffers, which are bytearrays."""
+
+    def __init__(self, memory, addr, length):
+        self.memory, self.addr, self.length = memory, addr, length
+
+    def __len__(self):
+        return self.length
+
+    def __bytes__(self):
+        return self.memory.read(self.addr, self.length)
+
+    def __getitem__(self, key):
+        return bytes(self)[key]
+
+    def __setitem__(self, key, value):
+        octets = bytearray(bytes(self))
+        octets[key] = value
+        if len(octets) != self.length:
+            raise ValueError(f"an assignment that resizes {self.length} octets of host memory")
+        self.memory.write(self.addr, bytes(octets))
+
+    def find(self, *args):
+        return bytes(self).find(*args)
+
+    def __eq__(self, other):
+        return bytes(self) == bytes(other)
+
+    __hash__ = None
+
+
 class NicCq:
     """Completion queue ``index`` of ``entries`` (a power of two) at host address ``base``."""
 
@@ -133,16 +167,32 @@ class NicCq:
         self.head = 0                   # free-running: the next entry to read
         self.dropped = 0                # completions of unsignaled work requests
 
+    def __len__(self):
+        """How many entries the NIC has written that are not read yet."""
+        count = 0
+        while count < self.entries and self._entry(self.head + count) is not None:
+            count += 1
+        return count
+
+    def _entry(self, index):
+        """Entry ``index`` (free-running) if the NIC has written it on that pass of the ring
+        (its owner bit says so), else None."""
+        slot = index % self.entries
+        raw = self.device.memory.read(self.base + slot * CQE_BYTES, CQE_BYTES)
+        cqe = unpack(Cqe, int.from_bytes(raw, "little"))
+        return cqe if cqe["owner"] == 1 - (index // self.entries) % 2 else None
+
+    async def wait(self, solicited_only=False):
+        """Return once the CQ holds a completion (the model CQ's asyncio face; every
+        completion counts, solicited or not). The simulation must be stepped by another
+        task meanwhile: this only looks between its turns."""
+        while self._entry(self.head) is None:
+            await asyncio.sleep(0)
+
     def poll_cq(self, num_entries=1):
         """Up to ``num_entries`` work completions, oldest first."""
         wcs, read = [], 0
-        memory = self.device.memory
-        while len(wcs) < num_entries:
-            slot = self.head % self.entries
-            raw = memory.read(self.base + slot * CQE_BYTES, CQE_BYTES)
-            cqe = unpack(Cqe, int.from_bytes(raw, "little"))
-            if cqe["owner"] != 1 - (self.head // self.entries) % 2:
-                break
+        while len(wcs) < num_entries and (cqe := self._entry(self.head)) is not None:
             self.head += 1
             read += 1
             wc = self.device.qps[cqe["qp"]].completion(cqe)
@@ -215,8 +265,9 @@ class NicQp:
     from a receive queue of its own or from ``srq``."""
 
     def __init__(self, device, qp_num, pd, send_cq, recv_cq, *, max_send_wr, max_recv_wr,
-                 max_rd_atomic, max_dest_rd_atomic, srq=None):
+                 max_rd_atomic, max_dest_rd_atomic, srq=None, sq_sig_all=False):
         self.device, self.qp_num, self.pd, self.srq = device, qp_num, pd, srq
+        self.sq_sig_all = sq_sig_all    # every send work request completes with a WC
         self.send_cq, self.recv_cq = send_cq, recv_cq
         self.sq_entries = _power_of_two(max_send_wr)
         self.max_rd_atomic, self.max_dest_rd_atomic = max_rd_atomic, max_dest_rd_atomic
@@ -336,6 +387,10 @@ class NicQp:
                             markers=int(n.rx_markers(initiator=self.active)), crc=int(n.crc))
         self.state = QpState.RTS
 
+    def disconnect(self):
+        """Close the connection in order: TCP sends its FIN after the data queued."""
+        self.device.tcp(TcpOp.CLOSE, self.qp_num)
+
     def fail(self, reason):
         if self.state != QpState.ERR:
             self.state, self.reason = QpState.ERR, reason
@@ -368,7 +423,7 @@ class NicQp:
             items = self.requester.work_of(wr)
             if self.sq_tail + len(items) - self._sq_head() > self.sq_entries:
                 raise QueueFullError(f"{self!r}: the send queue holds {self.sq_entries}")
-            signaled = bool(wr.send_flags & SendFlags.SIGNALED)
+            signaled = self.sq_sig_all or bool(wr.send_flags & SendFlags.SIGNALED)
             for k, item in enumerate(items):
                 index = self.sq_tail % (1 << 16)
                 entry = self.sq + (self.sq_tail % self.sq_entries) * SQ_WQE_BYTES
@@ -416,7 +471,7 @@ class NicQp:
         wr = posted.wr
         if status != WcStatus.SUCCESS:
             self.fail(f"send work request {wr.wr_id}: {status.name}")
-        elif not posted.report or not wr.send_flags & SendFlags.SIGNALED:
+        elif not posted.report or not (self.sq_sig_all or wr.send_flags & SendFlags.SIGNALED):
             return None
         return WC(wr.wr_id, status, WC_OPCODE_OF[WrOpcode(wr.opcode)], self.qp_num,
                   byte_len=sum(sge.length for sge in wr.sg_list))
@@ -581,7 +636,7 @@ class NicDevice:
         return srq
 
     def create_qp(self, pd, send_cq, recv_cq, *, max_send_wr=64, max_recv_wr=64,
-                  max_rd_atomic=8, max_dest_rd_atomic=8, srq=None):
+                  max_rd_atomic=8, max_dest_rd_atomic=8, srq=None, sq_sig_all=False):
         qp_num = next((k for k in range(self.conns) if k not in self.qps), None)
         if qp_num is None:
             raise ResourceLimitError(f"the NIC has {self.conns} queue pairs")
@@ -594,7 +649,7 @@ class NicDevice:
             raise NicError(f"{srq!r} is another NIC's")
         qp = NicQp(self, qp_num, pd, send_cq, recv_cq, max_send_wr=max_send_wr,
                    max_recv_wr=max_recv_wr, max_rd_atomic=max_rd_atomic,
-                   max_dest_rd_atomic=max_dest_rd_atomic, srq=srq)
+                   max_dest_rd_atomic=max_dest_rd_atomic, srq=srq, sq_sig_all=sq_sig_all)
         self.qps[qp_num] = qp
         self.command(CommandOp.QP_OPEN,
                      cqs={"conn": qp_num, "send_cq": send_cq.index, "recv_cq": recv_cq.index},

@@ -21,13 +21,25 @@ from .harness import Harness
 from .nicpair import core_params
 from .tcprig import CLOCK_HZ, MODEL_TCP, PHY_BY_WIDTH, ModelWire, ip_int, mac_int
 
-__all__ = ["NicModelRig", "NIC_IP", "MODEL_IP"]
+__all__ = ["NicModelRig", "one_nic", "NIC_IP", "MODEL_IP"]
 
 NIC_IP = "169.254.40.2"
 NIC_MAC = "02:00:00:00:04:02"
 MODEL_IP = "169.254.40.1"
 MODEL_MAC = "02:00:00:00:04:01"
 _SETTLED = (ConnState.ESTABLISHED, ConnState.CLOSED, ConnState.TERMINATED)
+
+
+def one_nic(width, *, ip, mac, seed=1, memory_bytes=1 << 24):
+    """A NicCore of ``width`` bytes built natively with its PHY on the harness's pins, and
+    its driver at ``ip`` and ``mac`` (strings; TCP keys from ``seed``) with host memory of
+    ``memory_bytes``: ``(harness, device)``."""
+    h = Harness(f"iwarp_nic_core_w{width}", NicCore(width), phy=PHY_BY_WIDTH[width],
+                clock_mhz=CLOCK_HZ[width] / 1e6, seed=seed, params=core_params(width),
+                memory_bytes=memory_bytes)
+    device = NicDevice(h, seed=seed, mac=mac_int(mac), ip=ip_int(ip),
+                       heap=(1 << 16, memory_bytes - (1 << 16)))
+    return h, device
 
 
 class NicModelRig:
@@ -42,13 +54,10 @@ class NicModelRig:
     ``"nic"`` or ``"model"``."""
 
     def __init__(self, width=8, *, seed=1, memory_bytes=1 << 24, delay=2e-6, config=MODEL_TCP):
-        self.h = Harness(f"iwarp_nic_core_w{width}", NicCore(width), phy=PHY_BY_WIDTH[width],
-                         clock_mhz=CLOCK_HZ[width] / 1e6, seed=seed, params=core_params(width),
-                         memory_bytes=memory_bytes)
+        self.h, self.device = one_nic(width, ip=NIC_IP, mac=NIC_MAC, seed=seed,
+                                      memory_bytes=memory_bytes)
         self.clock_hz = CLOCK_HZ[width]
         self.ip = ip_int(NIC_IP)
-        self.device = NicDevice(self.h, seed=seed, mac=mac_int(NIC_MAC), ip=self.ip,
-                                heap=(1 << 16, memory_bytes - (1 << 16)))
         self.host = self.device         # what ModelWire services between slices
         self.wire = ModelWire(self, mac=MODEL_MAC, ip=MODEL_IP, seed=seed + 1, delay=delay,
                               config=config)

@@ -21,15 +21,12 @@ See docs/siw.md.
 """
 
 import asyncio
-import fcntl
 import re
-import shutil
 import subprocess
 import time
 import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,7 +37,7 @@ from iwarp_model.engine import Connection, ConnState
 from iwarp_model.transport.frames import FrameLink
 from iwarp_model.wire.rdmap import Opcode, decode_segment
 from iwarp_tb.siw import image
-from iwarp_tb.siw.guest import GuestResult, SiwGuest, free_port
+from iwarp_tb.siw.guest import GuestResult, SiwGuest, run_attached
 from iwarp_tb.siw.modelpeer import (
     GUEST_IP,
     MODEL_IP,
@@ -90,41 +87,25 @@ class Run:
         return out[0], back[0]
 
 
-@contextmanager
-def guest_slot():
-    """Hold ``build/siw/run.lock``: one scenario at a time across pytest workers."""
-    image.SIW_BUILD.mkdir(parents=True, exist_ok=True)
-    with open(image.SIW_BUILD / "run.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
 def boot(name: str, variant: str, role: str, scenario: Callable) -> Run:
     """Boot ``variant`` with ``role`` (its ``iwarp.*`` arguments), attach the model and run
     ``await scenario(peer, guest, lines)``, which returns ``(links, value)``; then wait for
     the guest's result. The run's directory is ``RUNS/name`` (emptied first)."""
-    image.ensure(variant)
     workdir = RUNS / name
-    shutil.rmtree(workdir, ignore_errors=True)
-    workdir.mkdir(parents=True)
     pcap = workdir / "model.pcap"
     lines: list[str] = []
 
-    async def main() -> tuple[GuestResult, list[FrameLink], object]:
+    async def main(port: int, guest: SiwGuest) -> tuple[GuestResult, list[FrameLink], object]:
+        start = time.monotonic()
         async with ModelPeer(port, pcap) as peer:
             links, value = await scenario(peer, guest, lines)
             result = await guest_result(guest, timeout=60)
             await asyncio.sleep(0.2)  # the last ACKs and FINs into the capture
-            return result, links, value
+            return result, links, value, time.monotonic() - start
 
-    with guest_slot():
-        port = free_port()
-        start = time.monotonic()
-        guest = SiwGuest(variant, role, netdev="listen", port=port, ip=f"{GUEST_IP}/24",
-                         workdir=workdir)
-        with guest:
-            result, links, value = asyncio.run(asyncio.wait_for(main(), 120))
-        return Run(result, pcap, links, value, lines, time.monotonic() - start)
+    result, links, value, seconds = run_attached(variant, role, workdir, main, timeout=120,
+                                                 ip=f"{GUEST_IP}/24")
+    return Run(result, pcap, links, value, lines, seconds)
 
 
 async def outcome(coro) -> object:

@@ -5,7 +5,6 @@ it). Each test holds ``build/siw/run.lock`` while its guests run, so that howeve
 the tests, no more than two TCG guests share the cores.
 """
 
-import fcntl
 import time
 
 import pytest
@@ -29,9 +28,7 @@ def stock():
 
 @pytest.fixture(autouse=True)
 def one_pair_at_a_time():
-    image.SIW_BUILD.mkdir(parents=True, exist_ok=True)
-    with open(image.SIW_BUILD / "run.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with siw_guest.guest_slot():
         yield
 
 

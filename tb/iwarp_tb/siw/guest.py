@@ -18,6 +18,8 @@ The guest's ``/init`` (``init.sh``) documents the ``iwarp.*`` command-line keys 
 """
 
 import argparse
+import asyncio
+import fcntl
 import os
 import shutil
 import signal
@@ -26,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -257,6 +260,31 @@ class SiwGuest:
 
     def __exit__(self, exc_type, *exc):
         self.close(keep=exc_type is not None)
+
+
+@contextmanager
+def guest_slot():
+    """Hold ``build/siw/run.lock`` while the block runs: one guest scenario at a time across
+    pytest workers (TCG guests side by side on two cores slow each other into timeouts)."""
+    image.SIW_BUILD.mkdir(parents=True, exist_ok=True)
+    with open(image.SIW_BUILD / "run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def run_attached(variant: str, role: str, workdir: Path, main, *, timeout: float,
+                 ip: str = "169.254.1.2/24"):
+    """Boot ``variant`` (built first if need be) with ``role`` (its ``iwarp.*`` arguments) and a
+    listening netdev, in ``workdir`` (emptied first), under :func:`guest_slot`; return
+    ``asyncio.run(main(port, guest))``, which attaches a peer to 127.0.0.1:``port``, bounded by
+    ``timeout`` seconds."""
+    image.ensure(variant)
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    with guest_slot():
+        port = free_port()
+        with SiwGuest(variant, role, netdev="listen", port=port, ip=ip, workdir=workdir) as guest:
+            return asyncio.run(asyncio.wait_for(main(port, guest), timeout))
 
 
 def run_pair(server_role: str, client_role: str, *, variant: str = "stock",
