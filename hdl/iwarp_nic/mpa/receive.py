@@ -2,9 +2,9 @@
 handed to the host) and 4.1 to 4.4 and 8 (FPDUs deframed, each connection failing alone).
 
 :class:`~iwarp_nic.mpa.gather.FrameGather` turns the TCP engine's interleaved chunks into pieces
-of whole frames; the startup frames (and any octets a peer sent too early) go to the host, which
-runs the MPA exchange; the FPDU pieces go to a :class:`~iwarp_nic.mpa.deframer.FpduDeframer` of
-several connections.
+of whole frames; the startup frames (and octets before FPDU mode it could not hold) go to the
+host, which runs the MPA exchange; the FPDU pieces go to a
+:class:`~iwarp_nic.mpa.deframer.FpduDeframer` of several connections.
 """
 
 from amaranth import Module
@@ -33,9 +33,10 @@ class MpaReceiver(wiring.Component):
         ``START`` a connection on a slot; ``FPDUS`` once the host has settled its exchange, with
         the markers and CRC setting it negotiated.
     o_startup_header : Out(stream Release(conns)); o_startup : Out(BeatStream(data_bytes))
-        The STARTUP pieces (a connection's startup frame, then whatever followed it in the same
-        chunk) and EARLY pieces (octets before ``FPDUS``: an RFC 5044 7.1.2 violation), each a
-        header then its octets as one packet, for the host.
+        The STARTUP pieces (a connection's startup frame) and EARLY pieces (octets before
+        ``FPDUS`` that the gather could not hold for it, see
+        :class:`~iwarp_nic.mpa.gather.FrameGather`), each a header then its octets as one
+        packet, for the host.
     o : Out(BeatStream(data_bytes, err=True, conns=conns))
         Per FPDU, its ULPDU_Length field and ULPDU as one packet naming its connection; ``err``
         on the last beat of a connection's first bad FPDU, and nothing more of that connection
