@@ -6,6 +6,8 @@
 - :mod:`iwarp_tb.siw.netdev` is the host's end of the guest's wire (:class:`SocketNetdev`).
 - :mod:`iwarp_tb.siw.modelpeer` puts the reference model on that wire (:class:`ModelPeer`) and
   reassembles the recorded TCP streams into MPA frames and FPDUs (:func:`tcp_streams`).
+- :mod:`iwarp_tb.siw.nicpeer` puts a Verilated NicCore on it (:class:`NicPeer`), driven
+  through the verbs driver; :mod:`iwarp_tb.siw.matrix` writes the interop matrix.
 
 The names below are imported on first use, so ``python -m iwarp_tb.siw.guest`` runs cleanly.
 See README.md in this folder.

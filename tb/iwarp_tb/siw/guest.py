@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from iwarp_model.transport.frames import QemuSocketNetdev
 from iwarp_tb.siw import image
 
 QEMU = "qemu-system-x86_64"
@@ -270,6 +271,20 @@ def guest_slot():
     with open(image.SIW_BUILD / "run.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+async def connect_netdev(port: int, timeout: float = 10.0):
+    """A :class:`~iwarp_model.transport.frames.QemuSocketNetdev` connected to the guest's
+    listening netdev at 127.0.0.1:``port``, retried until ``timeout`` seconds while QEMU comes
+    up (QEMU takes this first connection as its peer)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await QemuSocketNetdev.connect(port)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
 
 
 def run_attached(variant: str, role: str, workdir: Path, main, *, timeout: float,

@@ -48,7 +48,7 @@ from iwarp_model.wire.net import (
     ipv4_str,
 )
 
-from .guest import GuestResult, SiwGuest
+from .guest import GuestResult, SiwGuest, connect_netdev
 
 __all__ = ["ModelPeer", "MODEL_IP", "MODEL_MAC", "GUEST_IP", "guest_result", "guest_ready",
            "Stream", "Fpdu", "tcp_streams"]
@@ -80,15 +80,7 @@ class ModelPeer:
     async def start(self, timeout: float = 10.0) -> "ModelPeer":
         """Connect to the guest's netdev (retrying until ``timeout`` while QEMU comes up) and
         start the stack."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                self.netdev = await QemuSocketNetdev.connect(self.port)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.05)
+        self.netdev = await connect_netdev(self.port, timeout)
         self.pcap_writer = PcapWriter(self.pcap_path)
         self.stack = RawStack(self.mac, self.ip,
                               send_frame=recording(self.netdev.send_frame, self.pcap_writer),

@@ -29,12 +29,12 @@ import time
 from iwarp_model.apps import Buffer
 from iwarp_model.mr import Access
 from iwarp_model.pcap import PcapWriter
-from iwarp_model.transport.frames import QemuSocketNetdev
 from iwarp_model.verbs import QpState
 
 from ..driver import HostBytes
 from ..nicmodel import one_nic
 from ..tcprig import ip_int
+from .guest import connect_netdev
 
 __all__ = ["NicPeer", "NicHost", "NIC_IP", "NIC_MAC"]
 
@@ -97,15 +97,7 @@ class NicPeer:
     async def start(self, port, timeout=10.0):
         """Connect to the guest's netdev at 127.0.0.1:``port`` (retrying until ``timeout``
         while QEMU comes up) and start running the NIC."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                self.netdev = await QemuSocketNetdev.connect(port)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.05)
+        self.netdev = await connect_netdev(port, timeout)
         self.pcap_writer = PcapWriter(self.pcap_path)
         inbox = asyncio.Queue()
         loop = asyncio.get_running_loop()
