@@ -17,9 +17,9 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scapy.all import ARP, ICMP, IP, TCP, Ether, raw
+from scapy.all import ARP, ICMP, IP, TCP, Ether, Raw, raw
 
-from iwarp_model.transport.impair import Link, Pipe, VirtualClock
+from iwarp_model.transport.impair import Link, Pipe, VirtualClock, resegment
 from iwarp_model.transport.rawtcp import RawStack, TcpConfig, TcpError, TcpState
 
 S = TcpState
@@ -229,6 +229,8 @@ IMPAIRMENTS = {
     "duplicate": {"duplicate": 0.05},
     "corrupt": {"corrupt": 0.02},
     "everything": {"loss": 0.02, "reorder": 0.03, "duplicate": 0.03, "corrupt": 0.02},
+    "resegment": {"resegment": 333, "loss": 0.01},
+    "split": {"split": 1.0},
 }
 
 
@@ -249,6 +251,36 @@ def test_one_mib_each_way(name):
         assert pipe.a.counters["drop.checksum"] + pipe.b.counters["drop.checksum"] > 0
     if name == "duplicate":
         assert cb.counters["drop.out_of_window"] > 0
+    if name == "resegment":
+        assert pipe.ab.counters["resegmented"] > 0 and pipe.ba.counters["resegmented"] > 0
+    if name == "split":
+        assert set(range(1, 500)) <= pipe.ab.split_offsets
+        assert set(range(1, 500)) <= pipe.ba.split_offsets
+
+
+def test_resegment_checked_with_scapy():
+    """A TCP segment of 10 octets with FIN and PSH cut into 3-octet segments: scapy finds
+    each one's checksums right, the sequence numbers consecutive, the payloads the original's
+    in order, FIN and PSH on the last only; an ARP frame and a corrupted segment pass whole."""
+    frame = raw(Ether(src=HOST_MAC, dst=PEER_MAC) / IP(src=HOST_IP, dst=PEER_IP, id=7) /
+                TCP(sport=4000, dport=5000, seq=0xFFFF_FFFE, ack=99, flags="FPA", window=512) /
+                b"0123456789")
+    pieces = [Ether(p) for p in resegment(frame, 3)]
+    assert [p[Raw].load for p in pieces] == [b"012", b"345", b"678", b"9"]
+    assert [p[TCP].seq for p in pieces] == [0xFFFF_FFFE, 1, 4, 7]
+    assert [str(p[TCP].flags) for p in pieces] == ["A", "A", "A", "FPA"]
+    for piece in pieces:
+        ip_sum, tcp_sum = piece[IP].chksum, piece[TCP].chksum
+        del piece[IP].chksum, piece[TCP].chksum
+        again = Ether(raw(piece))
+        assert (again[IP].chksum, again[TCP].chksum) == (ip_sum, tcp_sum)
+        assert (piece[IP].id, piece[TCP].ack, piece[TCP].window) == (7, 99, 512)
+    arp = raw(Ether(dst="ff:ff:ff:ff:ff:ff") / ARP(pdst=PEER_IP))
+    assert resegment(arp, 1) == [arp]
+    bad = bytearray(frame)
+    bad[-1] ^= 1
+    assert resegment(bytes(bad), 3) == [bytes(bad)]
+    assert resegment(frame, 10) == [frame]
 
 
 def test_sequence_numbers_wrap():

@@ -1,10 +1,15 @@
-"""Link impairment for frame-level tests: loss, duplication, reordering, corruption and delay.
+"""Link impairment for frame-level tests: loss, duplication, reordering, corruption, delay and
+resegmentation.
 
 Implements the fault model of the project's verification plan (DESIGN.md section 5): frames on
 a wire may be lost, duplicated, reordered or corrupted, and every run must still deliver every
 byte intact. A corrupted frame has one random bit flipped, which the receiver's Ethernet FCS
 (absent here), IPv4 or TCP checksum (RFC 791, RFC 9293 section 3.1) must catch; a flip in a MAC
-address or the EtherType makes the frame "not for us" instead.
+address or the EtherType makes the frame "not for us" instead. Resegmentation is what a
+middlebox may do to a TCP stream (RFC 9293 section 3.8.6.2 leaves segment boundaries to each
+sender; RFC 5044 section 4.1 has MPA survive them): a TCP segment is cut in two at an offset
+that steps through every value from one cut to the next, or into segments of at most a given
+number of octets, so FPDUs arrive split at any offset.
 
 :class:`Link` carries frames one way between two frame sinks under a clock; :class:`Pipe`
 joins two :class:`~iwarp_model.transport.rawtcp.RawStack` hosts with a pair of links and a
@@ -15,10 +20,24 @@ time of the frames exchanged. Everything is deterministic for a given seed.
 import heapq
 import random
 from collections import Counter
+from dataclasses import replace
 
+from ..wire.errors import WireError
+from ..wire.net import (
+    ETH_MIN_FRAME,
+    ETHERTYPE_IPV4,
+    FIN,
+    PROTO_TCP,
+    PSH,
+    EthernetFrame,
+    IPv4Packet,
+    TcpSegment,
+)
 from .rawtcp import RawStack, TcpConfig
 
-__all__ = ["VirtualClock", "Link", "Pipe"]
+__all__ = ["VirtualClock", "Link", "Pipe", "resegment", "cut"]
+
+_SWEEP_END = 2047           # the last split offset before the sweep starts again (above any MSS)
 
 
 class VirtualClock:
@@ -44,17 +63,31 @@ class Link:
     ``duplicate``; each copy gets one bit flipped with probability ``corrupt`` and is held back
     with probability ``reorder`` until ``reorder_frames`` later frames have passed it or
     ``reorder_delay`` seconds have elapsed, whichever is first. Every copy arrives ``delay``
-    seconds after it was sent (frames are never reordered otherwise). Probabilities and the
-    delays are attributes and may be changed between frames. ``on_frame(time, frame)``, if
-    given, sees each frame as sent, before any impairment. ``counters`` counts what happened.
+    seconds after it was sent (frames are never reordered otherwise). Before all that, a TCP
+    segment carrying two octets or more is cut in two with probability ``split``, after
+    1, 2, 3, ... 2047 of its octets in turn and then from 1 again (a segment too short for
+    the next offset ``k`` is cut after ``1 + (k - 1) mod (length - 1)`` octets, and the next
+    one gets ``k`` again; :attr:`split_offsets` keeps the offsets used, so that after n
+    segments longer than n, every offset up to n has been cut at); with ``resegment`` (an
+    octet count), each
+    TCP segment carrying more is cut by :func:`resegment` instead. Each piece is then
+    impaired on its own. Probabilities and the delays are attributes and may be changed
+    between frames. ``on_frame(time, frame)``, if given, sees each frame as sent, before any
+    impairment. ``counters`` counts what happened.
     """
 
     def __init__(self, deliver, *, clock, rng: random.Random, delay: float = 0.0,
                  loss: float = 0.0, duplicate: float = 0.0, corrupt: float = 0.0,
                  reorder: float = 0.0, reorder_frames: int = 3, reorder_delay: float = 0.005,
-                 on_frame=None):
+                 split: float = 0.0, resegment: int | None = None, on_frame=None):
         if delay < 0 or reorder_delay < 0 or reorder_frames < 1:
             raise ValueError("delays must be >= 0 and reorder_frames >= 1")
+        if resegment is not None and resegment < 1:
+            raise ValueError(f"resegment must be 1 octet or more, not {resegment}")
+        self.resegment = resegment
+        self.split = _probability(split, "split")
+        self.split_offsets: set[int] = set()
+        self._sweep = 1
         self.deliver, self.clock, self.rng = deliver, clock, rng
         self.delay = delay
         self.loss = _probability(loss, "loss")
@@ -74,6 +107,27 @@ class Link:
         self.counters["sent"] += 1
         if self.on_frame is not None:
             self.on_frame(now, frame)
+        if self.resegment is not None:
+            pieces = resegment(frame, self.resegment)
+            self.counters["resegmented"] += len(pieces) > 1
+        elif self.split and self.rng.random() < self.split:
+            pieces = cut(frame, self._split_offset)
+            self.counters["split"] += len(pieces) > 1
+        else:
+            pieces = [frame]
+        for piece in pieces:
+            self._impair(piece, now)
+
+    def _split_offset(self, length: int) -> list[int]:
+        offset = self._sweep
+        if offset < length:
+            self._sweep = offset % _SWEEP_END + 1
+        else:
+            offset = 1 + (offset - 1) % (length - 1)
+        self.split_offsets.add(offset)
+        return [offset]
+
+    def _impair(self, frame: bytes, now: float) -> None:
         if self.rng.random() < self.loss:
             self.counters["lost"] += 1
             return
@@ -125,6 +179,44 @@ class Link:
             _, _, frame = heapq.heappop(self._queue)
             self.counters["delivered"] += 1
             self.deliver(frame)
+
+
+def resegment(frame: bytes, most: int) -> list[bytes]:
+    """``frame`` as frames whose TCP segments carry at most ``most`` octets each (see
+    :func:`cut`)."""
+    return cut(frame, lambda length: range(most, length, most))
+
+
+def cut(frame: bytes, offsets) -> list[bytes]:
+    """``frame``'s IPv4 TCP segment cut after each of ``offsets(length)`` octets of its
+    payload (``length`` of them, two or more; the offsets ascending, each between 1 and
+    ``length - 1``) into consecutive segments: the sequence numbers advanced, the checksums
+    made anew, FIN and PSH on the last piece only. Any other frame, a segment with fewer than
+    two octets, and one that does not decode (a corrupted one), is returned alone and
+    unchanged."""
+    try:
+        eth = EthernetFrame.decode(frame)
+        if eth.ethertype != ETHERTYPE_IPV4:
+            return [frame]
+        ip = IPv4Packet.decode(eth.payload)
+        if ip.proto != PROTO_TCP or ip.is_fragment:
+            return [frame]
+        seg = TcpSegment.decode(ip.payload, ip.src, ip.dst)
+    except WireError:
+        return [frame]
+    inner = list(offsets(len(seg.payload))) if len(seg.payload) > 1 else []
+    if not inner:
+        return [frame]
+    bounds = [0, *inner, len(seg.payload)]
+    pieces = []
+    for start, end in zip(bounds, bounds[1:]):
+        last = end == len(seg.payload)
+        piece = replace(seg, seq=(seg.seq + start) & 0xFFFF_FFFF,
+                        flags=seg.flags if last else seg.flags & ~(FIN | PSH),
+                        payload=seg.payload[start:end])
+        packet = replace(ip, payload=piece.encode(ip.src, ip.dst))
+        pieces.append(replace(eth, payload=packet.encode()).encode(min_size=ETH_MIN_FRAME))
+    return pieces
 
 
 class Pipe:
