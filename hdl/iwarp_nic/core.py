@@ -69,7 +69,9 @@ def _word_write(m, word, command, data, name):
 
 class NicCore(wiring.Component):
     """The NIC, for ``conns`` connections (queue pairs), ``cqs`` completion queues and
-    ``srqs`` shared receive queues.
+    ``srqs`` shared receive queues. ``tcp`` holds further :class:`~.tcp.engine.TcpEngine`
+    parameters: its timers (RFC 6298's by default, for a clock of 125 MHz), which simulation
+    scales down so that a retransmission timeout is thousands of cycles, not millions.
 
     Ports
     -----
@@ -96,7 +98,7 @@ class NicCore(wiring.Component):
     """
 
     def __init__(self, data_bytes, *, conns=16, cqs=16, srqs=4, dma_bytes=8,
-                 stag_entries=4096, pd_bits=16):
+                 stag_entries=4096, pd_bits=16, tcp=None):
         self.data_bytes = check_data_bytes(data_bytes)
         self.dma_bytes = check_data_bytes(dma_bytes, what="dma_bytes")
         if dma_bytes < 8:
@@ -108,7 +110,7 @@ class NicCore(wiring.Component):
         # ACKs ride on data segments where data follows (with data both ways, a pure ACK per
         # segment took 5% of the line).
         self._node = TcpNode(data_bytes, engine={"conns": conns, "cut_slots": 64,
-                                                 "ack_with_data": True})
+                                                 "ack_with_data": True, **(tcp or {})})
         self._engine = ConnectionsEngine(data_bytes, conns=conns, stag_entries=stag_entries,
                                          pd_bits=pd_bits)
         self._control = HostControl(data_bytes, conns=conns, cqs=cqs, srqs=srqs,

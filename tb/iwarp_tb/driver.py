@@ -342,11 +342,13 @@ class NicQp:
 
     def on_startup(self, octets):
         """The peer's startup frame: a Responder answers the Request and opens; an Initiator
-        opens on the Reply."""
+        opens on the Reply. A frame that does not decode (a wrong key, a PD_Length over 512)
+        fails the queue pair and closes the connection, as the model's end does."""
         try:
             frame = mpa.MpaFrame.decode(octets, reply=self.active)
         except WireError as error:
             self.fail(f"bad startup frame: {error}")
+            self.disconnect()
             return
         if self.active:
             self.reply = frame

@@ -18,7 +18,7 @@ from iwarp_nic.core import NicCore
 
 from .driver import NicDevice
 from .harness import Harness
-from .nicpair import core_params
+from .nicpair import core_module, core_params
 from .tcprig import CLOCK_HZ, MODEL_TCP, PHY_BY_WIDTH, ModelWire, ip_int, mac_int
 
 __all__ = ["NicModelRig", "one_nic", "NIC_IP", "MODEL_IP"]
@@ -30,12 +30,12 @@ MODEL_MAC = "02:00:00:00:04:01"
 _SETTLED = (ConnState.ESTABLISHED, ConnState.CLOSED, ConnState.TERMINATED)
 
 
-def one_nic(width, *, ip, mac, seed=1, memory_bytes=1 << 24):
-    """A NicCore of ``width`` bytes built natively with its PHY on the harness's pins, and
-    its driver at ``ip`` and ``mac`` (strings; TCP keys from ``seed``) with host memory of
-    ``memory_bytes``: ``(harness, device)``."""
-    h = Harness(f"iwarp_nic_core_w{width}", NicCore(width), phy=PHY_BY_WIDTH[width],
-                clock_mhz=CLOCK_HZ[width] / 1e6, seed=seed, params=core_params(width),
+def one_nic(width, *, ip, mac, seed=1, memory_bytes=1 << 24, **core):
+    """A NicCore of ``width`` bytes (with ``core`` parameters) built natively with its PHY on
+    the harness's pins, and its driver at ``ip`` and ``mac`` (strings; TCP keys from
+    ``seed``) with host memory of ``memory_bytes``: ``(harness, device)``."""
+    h = Harness(core_module(width, **core), NicCore(width, **core), phy=PHY_BY_WIDTH[width],
+                clock_mhz=CLOCK_HZ[width] / 1e6, seed=seed, params=core_params(width, **core),
                 memory_bytes=memory_bytes)
     device = NicDevice(h, seed=seed, mac=mac_int(mac), ip=ip_int(ip),
                        heap=(1 << 16, memory_bytes - (1 << 16)))
@@ -43,29 +43,37 @@ def one_nic(width, *, ip, mac, seed=1, memory_bytes=1 << 24):
 
 
 class NicModelRig:
-    """A NicCore of ``width`` bytes at :data:`NIC_IP` with host memory of ``memory_bytes``
-    (:attr:`device`, its driver; TCP keys from ``seed``), and the model at :data:`MODEL_IP`
-    (:attr:`stack`, :attr:`endpoint`) on a wire of ``delay`` seconds each way with the model
-    TCP ``config``.
+    """A NicCore of ``width`` bytes (with ``core`` parameters) at :data:`NIC_IP` with host
+    memory of ``memory_bytes`` (:attr:`device`, its driver; TCP keys from ``seed``), and the
+    model at :data:`MODEL_IP` (:attr:`stack`, :attr:`endpoint`) on a wire of ``delay``
+    seconds each way with the model TCP ``config``, impaired as ``impair`` says (keyword
+    arguments of :class:`~iwarp_model.transport.impair.Link`, both ways; :attr:`wire`'s
+    ``to_nic`` and ``to_model`` count what was done).
 
     :meth:`run_until` moves both ends: NIC cycles in slices, the device's events serviced,
     frames carried and the model's timers run between slices. :attr:`captured` is every
     frame in the order it was put on the wire: ``(seconds, sender, frame)``, the sender
     ``"nic"`` or ``"model"``."""
 
-    def __init__(self, width=8, *, seed=1, memory_bytes=1 << 24, delay=2e-6, config=MODEL_TCP):
+    def __init__(self, width=8, *, seed=1, memory_bytes=1 << 24, delay=2e-6, config=MODEL_TCP,
+                 impair=None, core=None):
         self.h, self.device = one_nic(width, ip=NIC_IP, mac=NIC_MAC, seed=seed,
-                                      memory_bytes=memory_bytes)
+                                      memory_bytes=memory_bytes, **(core or {}))
         self.clock_hz = CLOCK_HZ[width]
         self.ip = ip_int(NIC_IP)
         self.host = self.device         # what ModelWire services between slices
         self.wire = ModelWire(self, mac=MODEL_MAC, ip=MODEL_IP, seed=seed + 1, delay=delay,
-                              config=config)
+                              config=config, **(impair or {}))
         self.stack = self.wire.model
         self.endpoint = FrameEndpoint(self.stack)
         self.captured = []
         self.wire.to_model.on_frame = lambda t, frame: self.captured.append((t, "nic", frame))
         self.wire.to_nic.on_frame = lambda t, frame: self.captured.append((t, "model", frame))
+
+    @property
+    def cycle(self):
+        """The NIC's clock cycles since reset."""
+        return self.h.cycle
 
     @property
     def now(self):

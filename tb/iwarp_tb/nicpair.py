@@ -26,7 +26,7 @@ from .runner import write_verilog
 from .tcppair import NODES, join_wire
 from .tcprig import CLOCK_HZ, PHY_BY_WIDTH, ip_int, mac_int
 
-__all__ = ["NicPair", "NicPairRig", "RX_LOSSES", "core_params"]
+__all__ = ["NicPair", "NicPairRig", "TwoNics", "RX_LOSSES", "core_params", "core_module"]
 
 #: The counter registers of received frames or segments a NIC dropped: a bad FCS, the MAC's
 #: receive FIFO full, TCP's receive front end discarding a cut frame, the receive buffer full.
@@ -81,7 +81,33 @@ def core_params(width, **core):
     return ("NicCore", width, sorted(core.items()))
 
 
-class NicPairRig:
+def core_module(width, **core):
+    """The Verilog module name of a NicCore of ``width`` bytes with ``core`` parameters:
+    ``iwarp_nic_core_w<width>``, with a digest of the parameters behind it when there are
+    any."""
+    if not core:
+        return f"iwarp_nic_core_w{width}"
+    digest = hashlib.sha256(repr(core_params(width, **core)).encode()).hexdigest()
+    return f"iwarp_nic_core_w{width}_{digest[:8]}"
+
+
+class TwoNics:
+    """What a rig of NICs ``a`` and ``b`` (:attr:`ips`, their IPv4 addresses as integers,
+    and ``run_until``) does the same way however they are joined."""
+
+    def connect(self, qps, port=4791, **options):
+        """Open queue pairs ``qps`` (``{letter: NicQp}``): ``b``'s listens on ``port``,
+        ``a``'s connects to it, both with MPA ``options``; returns once both are in RTS."""
+        qps["b"].listen(port, **options)
+        qps["a"].connect(self.ips["b"], port, 40000 + qps["a"].qp_num, **options)
+        self.run_until(lambda: all(qp.state != QpState.RTR for qp in qps.values()),
+                       timeout_cycles=2_000_000)
+        for qp in qps.values():
+            if qp.state != QpState.RTS:
+                raise AssertionError(f"{qp!r}: {qp.reason}")
+
+
+class NicPairRig(TwoNics):
     """A :class:`NicPair` of ``width`` bytes built natively, each NIC with its
     :class:`~iwarp_tb.driver.NicDevice` (:attr:`devices`, by letter) and host memory of
     ``memory_bytes``; ``trace`` as :class:`~iwarp_tb.harness.Harness`'s. The frames each NIC
@@ -92,11 +118,11 @@ class NicPairRig:
         params = ("NicPair", "instances", width, sorted(core.items()))
         suffix = f"_{hashlib.sha256(repr(params).encode()).hexdigest()[:8]}" if core else ""
         nic = NicCore(width, **core)
-        core_module = f"iwarp_nic_core_w{width}{suffix}"
-        source = write_verilog(core_module, nic, params=core_params(width, **core))
+        module = core_module(width, **core)
+        source = write_verilog(module, nic, params=core_params(width, **core))
         self.width = width
         self.h = Harness(f"iwarp_nic_pair_w{width}{suffix}",
-                         NicPair(width, nic.signature, core_module),
+                         NicPair(width, nic.signature, module),
                          clock_mhz=CLOCK_HZ[width] / 1e6, seed=seed, params=params,
                          trace=trace, memory_bytes=memory_bytes,
                          taps=[f"tap_{nic}" for nic in NODES], sources=[source])
@@ -115,17 +141,6 @@ class NicPairRig:
     def run_until(self, condition, *, timeout_cycles, slice_cycles=256):
         run_until(self.h, self.devices.values(), condition, timeout_cycles=timeout_cycles,
                   slice_cycles=slice_cycles)
-
-    def connect(self, qps, port=4791, **options):
-        """Open queue pairs ``qps`` (``{letter: NicQp}``): ``b``'s listens on ``port``,
-        ``a``'s connects to it, both with MPA ``options``; returns once both are in RTS."""
-        qps["b"].listen(port, **options)
-        qps["a"].connect(self.ips["b"], port, 40000 + qps["a"].qp_num, **options)
-        self.run_until(lambda: all(qp.state != QpState.RTR for qp in qps.values()),
-                       timeout_cycles=2_000_000)
-        for qp in qps.values():
-            if qp.state != QpState.RTS:
-                raise AssertionError(f"{qp!r}: {qp.reason}")
 
     def losses(self, quiet_cycles=2000):
         """After ``quiet_cycles`` more cycles (for the frames on their way), what each NIC lost

@@ -121,15 +121,18 @@ def kinds(completions):
     return sorted((int(wc.opcode), wc.wr_id, int(wc.status), wc.byte_len) for wc in completions)
 
 
-def exchange(first, second, works, *, first_opts=None, second_opts=None):
+def exchange(first, second, works, *, first_opts=None, second_opts=None, established=None):
     """Run ``works`` (for ``first`` and ``second``, each (sends, receives)) between two model
     :class:`End` over an in-memory stream, ``first`` the Initiator; returns the two
-    connections once nothing more happens."""
+    connections once nothing more happens. ``established(a, b)``, if given, is called with
+    the two connections once they are, before any work is posted."""
     a = Connection(first.qp, active=True, **(first_opts or {}))
     b = Connection(second.qp, active=False, **(second_opts or {}))
     pair = MemoryPair(a, b)
     pair.start()
     assert a.state == ConnState.ESTABLISHED, a.reason
+    if established is not None:
+        established(a, b)
     for end, (_, recvs) in zip((first, second), works):
         for wr in recvs:
             end.qp.post_recv(wr)

@@ -1,0 +1,117 @@
+"""The impairment suite: RDMA of every kind both ways at once, scored against a model run of
+the same work (:mod:`iwarp_tb.model_run`), over a wire that loses, reorders, duplicates,
+corrupts or resegments the frames each way (:class:`~iwarp_model.transport.impair.Link`):
+between the NIC and the reference model (:class:`~iwarp_tb.nicmodel.NicModelRig`), and
+between two NICs (:class:`~iwarp_tb.niclink.NicLinkRig`).
+
+Every octet must land as the oracle's did and every completion must be the oracle's, with the
+queue pairs still in RTS: TCP (RFC 9293, RFC 6298) recovers losses, reordering and duplicates;
+the IPv4 and TCP checksums catch the one flipped bit of a corrupted frame, which is then a
+loss; MPA (RFC 5044 section 4.1) finds its FPDUs in any segmentation. Splitting every segment
+in two, at an offset one further each time, cuts FPDUs at every offset of their MPA length,
+DDP and RDMAP headers and CRC; resegmenting to 97 octets cuts every full segment into 16.
+
+The NICs here have the TCP timers scaled down (:class:`~iwarp_tb.tcprig.NicTimers`: a
+0.5 ms minimum retransmission timeout), a NicCore built for them. Each case checks that its
+impairment happened both ways and that each NIC saw it: retransmissions after losses,
+checksum drops after corruption, more segments taken than were sent after cutting.
+"""
+
+import random
+
+import pytest
+
+from iwarp_tb import model_run
+from iwarp_tb.model_run import Ends
+from iwarp_tb.tcprig import CLOCK_HZ, NicTimers
+from iwarp_tb.traffic import EVERY, End, plan
+
+#: The NicCore of these tests: RFC 6298's timers scaled down further than the TCP tests'
+#: (a retransmission timeout of 0.5 ms at least, still ten round trips here), since the
+#: simulation runs some 20,000 cycles a second and losses at the end of the work wait for it.
+CORE = {"tcp": NicTimers(rto_initial=0.001, rto_min=0.0005).engine_params(CLOCK_HZ[8])}
+
+#: Each case: the Link impairments (both ways), the work requests each way, and the longest
+#: message.
+CASES = {
+    "loss-1%": ({"loss": 0.01}, 200, 4096),
+    "loss-5%": ({"loss": 0.05}, 200, 4096),
+    "reorder": ({"reorder": 0.05}, 200, 4096),
+    "duplicate": ({"duplicate": 0.05}, 200, 4096),
+    "corrupt": ({"corrupt": 0.03}, 200, 4096),
+    "split": ({"split": 1.0}, 200, 4096),
+    "resegment-97": ({"resegment": 97}, 60, 1000),
+    "everything": ({"loss": 0.02, "reorder": 0.03, "duplicate": 0.03, "corrupt": 0.02,
+                    "split": 0.3}, 200, 4096),
+}
+
+#: The cases run between two NICs.
+NIC_CASES = ("loss-5%", "corrupt", "split", "resegment-97", "everything")
+
+#: The Link counter each impairment moves.
+COUNTED = {"loss": "lost", "reorder": "reordered", "duplicate": "duplicated",
+           "corrupt": "corrupted", "split": "split", "resegment": "resegmented"}
+
+#: Split every segment, each way: the offsets the cuts must cover. A NIC's segment starts
+#: with an FPDU, whose MPA, DDP and RDMAP headers end by octet 48 (a Read Request's): every
+#: offset in them, and in the CRC of every FPDU of up to 99 octets.
+SPLIT_COVERS = set(range(1, 100))
+
+#: The NIC's counters of received frames whose checksums failed.
+CHECKSUM_DROPS = ("ip_rx_bad_checksum", "tcp_rx_front_bad_checksum", "ip_icmp_bad_checksum")
+
+
+def work_for(case, seed):
+    """The case's oracle ends and work: every opcode both ways."""
+    _, count, longest = CASES[case]
+    ends = Ends(End, seed)
+    rng = random.Random(seed + 2)
+    nic_sends, peer_recvs = plan(rng, ends.nic, ends.peer, count, kinds=EVERY,
+                                 max_length=longest)
+    peer_sends, nic_recvs = plan(rng, ends.peer, ends.nic, count, kinds=EVERY,
+                                 max_length=longest)
+    return ends, {"nic": (nic_sends, nic_recvs), "peer": (peer_sends, peer_recvs)}
+
+
+def check(case, result):
+    """The run matched the oracle, and the case's impairments happened both ways and were
+    seen by each NIC."""
+    impair = CASES[case][0]
+    links = result.links
+    print(f"{case}: {result.cycles} cycles; wire {dict(links['to_nic'].counters)} to the "
+          f"NIC, {dict(links['to_peer'].counters)} to the peer")
+    assert result.errors == []
+    for way, link in links.items():
+        for impairment in impair:
+            assert link.counters[COUNTED[impairment]] > 0, f"{way}: no {impairment}"
+        if impair.get("split") == 1.0:
+            assert SPLIT_COVERS <= link.split_offsets, f"{way}: not cut at every offset"
+    for end, nic in result.nic_counters.items():
+        taken = links["to_nic" if end == "nic" else "to_peer"].counters
+        if "loss" in impair:
+            assert nic["tcp_retransmits"] + nic["tcp_fast_retransmits"] > 0, end
+        if "corrupt" in impair:
+            assert sum(nic[name] for name in CHECKSUM_DROPS) > 0, end
+        if "split" in impair or "resegment" in impair:
+            assert nic["tcp_rx_segments"] > taken["sent"], end
+
+
+@pytest.mark.cocotb
+@pytest.mark.parametrize("case", CASES)
+def test_nic_and_model(case):
+    """Every opcode both ways between the NIC and the model, the NIC the MPA Initiator in
+    half the cases and the Responder in the others, over the case's impaired wire."""
+    seed = 102 + list(CASES).index(case)
+    ends, work = work_for(case, seed)
+    check(case, model_run.run(ends, work, nic_connects=seed % 2 == 0, seed=seed + 3,
+                              impair=CASES[case][0], core=CORE, timeout_cycles=10_000_000))
+
+
+@pytest.mark.cocotb
+@pytest.mark.parametrize("case", NIC_CASES)
+def test_two_nics(case):
+    """Every opcode both ways between two NICs over the case's impaired wire."""
+    seed = 200 + list(CASES).index(case)
+    ends, work = work_for(case, seed)
+    check(case, model_run.run_nics(ends, work, seed=seed + 3, impair=CASES[case][0],
+                                   core=CORE, timeout_cycles=10_000_000))
