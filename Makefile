@@ -11,6 +11,8 @@
 #   make bitstream BOARD=ecpix5   a board bitstream with utilisation and timing report
 #   make siw-guest  the QEMU guest running Linux siw -> build/siw/<variant>/ (VARIANT=stock|crc|rev1|all)
 #   make interop    the simulated NIC against every siw build -> the README's interop matrix
+#   make fuzz       the full fuzz campaign: 10^6 mutated frames into a NIC carrying traffic
+#                   (FUZZ_FRAMES=n for another size; make test runs 8,000)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -21,11 +23,12 @@ JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 SIM_ARGS ?=
 BENCH  ?=
 VARIANT ?= stock
+FUZZ_FRAMES ?= 1000000
 
 # cocotb, Verilator and the yowasp tools find themselves through these (see iwarp_tb.toolchain).
 RUN := $(PY) -m iwarp_tb.toolchain --
 
-.PHONY: venv test test-fast sim bench verilog lint bitstream siw-guest interop clean
+.PHONY: venv test test-fast sim bench verilog lint bitstream siw-guest interop fuzz clean
 
 venv: $(STAMP)
 
@@ -69,6 +72,9 @@ interop: $(STAMP)
 	mkdir -p build/interop
 	-$(RUN) $(PY) -m pytest tb/siw/test_nic_vs_siw.py --junitxml=build/interop/junit.xml
 	$(PY) -m iwarp_tb.siw.matrix build/interop/junit.xml --readme README.md
+
+fuzz: $(STAMP)
+	IWARP_FUZZ_FRAMES=$(FUZZ_FRAMES) $(RUN) $(PY) -m pytest -n $(JOBS) -rA tb/nic/test_nic_fuzz.py
 
 clean:
 	rm -rf build

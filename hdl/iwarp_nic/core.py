@@ -71,7 +71,8 @@ class NicCore(wiring.Component):
     """The NIC, for ``conns`` connections (queue pairs), ``cqs`` completion queues and
     ``srqs`` shared receive queues. ``tcp`` holds further :class:`~.tcp.engine.TcpEngine`
     parameters: its timers (RFC 6298's by default, for a clock of 125 MHz), which simulation
-    scales down so that a retransmission timeout is thousands of cycles, not millions.
+    scales down so that a retransmission timeout is tens of thousands of cycles (78,000 for
+    0.5 ms at 156.25 MHz), not tens of millions.
 
     Ports
     -----

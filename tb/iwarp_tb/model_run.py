@@ -24,9 +24,9 @@ from iwarp_model.verbs import QpState
 
 from .niclink import NicLinkRig
 from .nicmodel import NicModelRig
-from .traffic import exchange, kinds, nic_end
+from .traffic import EVERY, exchange, kinds, nic_end, plan
 
-__all__ = ["Ends", "ModelRun", "run", "run_nics"]
+__all__ = ["Ends", "ModelRun", "both_ways", "run", "run_nics"]
 
 
 class Ends:
@@ -42,11 +42,20 @@ class Ends:
         return self.make("peer", self.seed + 1)
 
 
+def both_ways(ends, rng, count, **options):
+    """``count`` work requests each way between ``ends`` of every kind (:func:`plan` with
+    ``options``, from ``rng``): the work of :func:`run` and :func:`run_nics`."""
+    nic_sends, peer_recvs = plan(rng, ends.nic, ends.peer, count, kinds=EVERY, **options)
+    peer_sends, nic_recvs = plan(rng, ends.peer, ends.nic, count, kinds=EVERY, **options)
+    return {"nic": (nic_sends, nic_recvs), "peer": (peer_sends, peer_recvs)}
+
+
 @dataclass
 class ModelRun:
     """What :func:`run` or :func:`run_nics` saw: the frames on the wire
     (:attr:`NicModelRig.captured`, as sent, before any impairment; none between two NICs),
-    the NIC cycles from the queue pairs' posting to the last completion, the completions of
+    the NIC cycles from the queue pairs' posting to the last completion (or to the last frame
+    of the rig's sources, if later), the completions of
     each end (``{"nic": n, "peer": n}``), the wire's two directions (``{"to_nic": Link,
     "to_peer": Link}``, each :class:`~iwarp_model.transport.impair.Link` with its counters of
     what it did to the frames), each NIC's counter registers at the end (``{"nic": {...}}``,
@@ -79,14 +88,16 @@ def _host_memory(device, seed, latency_cycles):
 
 def _completed(rig, cqs, wanted, timeout_cycles, start):
     """Run ``rig`` until each end's completion queue of ``cqs`` (by end name) holds as many
-    completions as ``wanted``, then 20,000 cycles more for anything unexpected; returns
-    ``(cycles since start, completions)``."""
+    completions as ``wanted`` and the rig's sources have put all their frames on the wire,
+    then 20,000 cycles more for anything unexpected; returns ``(cycles since start,
+    completions)``."""
     got = {end: [] for end in cqs}
 
     def done():
         for end, cq in cqs.items():
             got[end] += cq.poll_cq(64)
-        return all(len(got[end]) >= len(wanted[end]) for end in got)
+        return (all(len(got[end]) >= len(wanted[end]) for end in got)
+                and not any(source.pending for source in rig.sources))
 
     rig.run_until(done, timeout_cycles=timeout_cycles)
     cycles = rig.cycle - start

@@ -14,7 +14,7 @@ import random
 
 from iwarp_model.transport.impair import Link, VirtualClock
 
-from .nicmodel import one_nic
+from .nicmodel import Sliced, one_nic
 from .nicpair import TwoNics
 from .tcppair import NODES
 from .tcprig import CLOCK_HZ, ip_int
@@ -22,7 +22,7 @@ from .tcprig import CLOCK_HZ, ip_int
 __all__ = ["NicLinkRig"]
 
 
-class NicLinkRig(TwoNics):
+class NicLinkRig(TwoNics, Sliced):
     """NICs ``a`` and ``b`` of ``width`` bytes (with NicCore parameters ``core``), host memory
     of ``memory_bytes`` each (:attr:`devices`, their drivers, by letter), on a wire of
     ``delay`` seconds each way impaired as ``impair`` says (keyword arguments of
@@ -32,6 +32,7 @@ class NicLinkRig(TwoNics):
 
     def __init__(self, width=8, *, seed=1, memory_bytes=1 << 24, delay=2e-6, impair=None,
                  core=None):
+        super().__init__()
         self.clock_hz = CLOCK_HZ[width]
         self.clock = VirtualClock()
         self.hs, self.devices, self.ips = {}, {}, {}
@@ -63,20 +64,6 @@ class NicLinkRig(TwoNics):
                 self.links[nic].send(bytes(frame))
         for link in self.links.values():
             link.poll()
-
-    def run_until(self, condition, *, timeout_cycles, slice_cycles=1000):
-        """Run both NICs until ``condition()``; :exc:`TimeoutError` after ``timeout_cycles``."""
-        end = self.cycle + timeout_cycles
-        while not condition():
-            if self.cycle > end:
-                raise TimeoutError(f"not done after {timeout_cycles} cycles")
-            self.step(slice_cycles)
-
-    def run(self, cycles, *, slice_cycles=1000):
-        """Run both NICs for ``cycles`` cycles."""
-        end = self.cycle + cycles
-        while self.cycle < end:
-            self.step(slice_cycles)
 
     def close(self):
         for h in self.hs.values():

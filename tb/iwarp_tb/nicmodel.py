@@ -21,7 +21,7 @@ from .harness import Harness
 from .nicpair import core_module, core_params
 from .tcprig import CLOCK_HZ, MODEL_TCP, PHY_BY_WIDTH, ModelWire, ip_int, mac_int
 
-__all__ = ["NicModelRig", "one_nic", "NIC_IP", "MODEL_IP"]
+__all__ = ["Sliced", "NicModelRig", "one_nic", "NIC_IP", "MODEL_IP"]
 
 NIC_IP = "169.254.40.2"
 NIC_MAC = "02:00:00:00:04:02"
@@ -42,7 +42,36 @@ def one_nic(width, *, ip, mac, seed=1, memory_bytes=1 << 24, **core):
     return h, device
 
 
-class NicModelRig:
+class Sliced:
+    """Running a rig of NICs in slices: its ``step(cycles)`` runs one slice and ``cycle``
+    counts its NIC cycles. Before each slice, each of :attr:`sources` (objects with
+    ``step(rig)`` and ``pending``, frames still to come, such as a
+    :class:`~iwarp_tb.fuzz.Injector`) may put frames on the wire."""
+
+    def __init__(self):
+        self.sources = []
+
+    def run_until(self, condition, *, timeout_cycles, slice_cycles=1000):
+        """Run until ``condition()``; :exc:`TimeoutError` after ``timeout_cycles`` cycles."""
+        end = self.cycle + timeout_cycles
+        while not condition():
+            if self.cycle > end:
+                raise TimeoutError(f"not done after {timeout_cycles} cycles")
+            self._slice(slice_cycles)
+
+    def run(self, cycles, *, slice_cycles=1000):
+        """Run for ``cycles`` cycles."""
+        end = self.cycle + cycles
+        while self.cycle < end:
+            self._slice(slice_cycles)
+
+    def _slice(self, cycles):
+        for source in self.sources:
+            source.step(self)
+        self.step(cycles)
+
+
+class NicModelRig(Sliced):
     """A NicCore of ``width`` bytes (with ``core`` parameters) at :data:`NIC_IP` with host
     memory of ``memory_bytes`` (:attr:`device`, its driver; TCP keys from ``seed``), and the
     model at :data:`MODEL_IP` (:attr:`stack`, :attr:`endpoint`) on a wire of ``delay``
@@ -50,13 +79,14 @@ class NicModelRig:
     arguments of :class:`~iwarp_model.transport.impair.Link`, both ways; :attr:`wire`'s
     ``to_nic`` and ``to_model`` count what was done).
 
-    :meth:`run_until` moves both ends: NIC cycles in slices, the device's events serviced,
-    frames carried and the model's timers run between slices. :attr:`captured` is every
-    frame in the order it was put on the wire: ``(seconds, sender, frame)``, the sender
-    ``"nic"`` or ``"model"``."""
+    :meth:`run_until` (:class:`Sliced`) moves both ends: NIC cycles in slices, the device's
+    events serviced, frames carried and the model's timers run between slices.
+    :attr:`captured` is every frame in the order it was put on the wire: ``(seconds, sender,
+    frame)``, the sender ``"nic"`` or ``"model"``."""
 
     def __init__(self, width=8, *, seed=1, memory_bytes=1 << 24, delay=2e-6, config=MODEL_TCP,
                  impair=None, core=None):
+        super().__init__()
         self.h, self.device = one_nic(width, ip=NIC_IP, mac=NIC_MAC, seed=seed,
                                       memory_bytes=memory_bytes, **(core or {}))
         self.clock_hz = CLOCK_HZ[width]
@@ -80,20 +110,9 @@ class NicModelRig:
         """Simulated seconds since reset (the model's clock follows it)."""
         return self.h.cycle / self.clock_hz
 
-    def run_until(self, condition, *, timeout_cycles, slice_cycles=1000):
-        """Run both ends until ``condition()``; :exc:`TimeoutError` after ``timeout_cycles``
-        NIC cycles."""
-        end = self.h.cycle + timeout_cycles
-        while not condition():
-            if self.h.cycle > end:
-                raise TimeoutError(f"not done after {timeout_cycles} cycles")
-            self.wire.step(slice_cycles)
-
-    def run(self, cycles, *, slice_cycles=1000):
-        """Run both ends for ``cycles`` NIC cycles."""
-        end = self.h.cycle + cycles
-        while self.h.cycle < end:
-            self.wire.step(slice_cycles)
+    def step(self, cycles):
+        """Run both ends for one slice of ``cycles`` NIC cycles."""
+        self.wire.step(cycles)
 
     def connect(self, qp, conn, port=4791, **options):
         """The NIC's queue pair ``qp`` connects (MPA ``options``) to a model responder,

@@ -51,7 +51,7 @@ from . import facilities, model_run, toolchain
 from .model_run import Ends
 from .nicpair import NicPairRig
 from .rdma_run import OPS, RdmaRun
-from .traffic import EVERY, End, plan
+from .traffic import EVERY, End
 
 #: Nominal core clock per width, for Gb/s figures: 1 byte at 125 MHz is 1G, 8 bytes at
 #: 156.25 MHz is 10G; 64 bytes at 322.265625 MHz is the usual 100G MAC user clock.
@@ -256,10 +256,8 @@ def run_model(args, mhz, errors):
           f"{', '.join(EVERY)}, host memory latency {args.latency_ns:g} ns, seed {args.seed}")
     ends = Ends(End, 100 + args.seed)
     rng = random.Random(args.seed)
-    nic_sends, peer_recvs = plan(rng, ends.nic, ends.peer, args.model_count, kinds=EVERY)
-    peer_sends, nic_recvs = plan(rng, ends.peer, ends.nic, args.model_count, kinds=EVERY)
-    sends = nic_sends + peer_sends
-    work = {"nic": (nic_sends, nic_recvs), "peer": (peer_sends, peer_recvs)}
+    work = model_run.both_ways(ends, rng, args.model_count)
+    sends = work["nic"][0] + work["peer"][0]
     pcap = args.out / "model.pcap"
     result = model_run.run(ends, work, nic_connects=True, seed=args.seed, width=args.width,
                            latency_cycles=round(args.latency_ns * mhz / 1000), pcap=pcap)

@@ -229,8 +229,7 @@ def test_spoofing(seed=71):
     window (the RST and the SYN) draw challenge ACKs, the others are dropped."""
     ends = Ends(End, seed)
     rng = random.Random(seed)
-    nic_sends, peer_recvs = plan(rng, ends.nic, ends.peer, 40, kinds=EVERY)
-    peer_sends, nic_recvs = plan(rng, ends.peer, ends.nic, 40, kinds=EVERY)
+    work = model_run.both_ways(ends, rng, 40)
     seen = {}
 
     def spoof(rig, qp, link):
@@ -242,7 +241,7 @@ def test_spoofing(seed=71):
         seen.update({name: after[name] - before[name] for name in after})
         assert qp.state == QpState.RTS, qp.reason
 
-    result = model_run.run(ends, {"nic": (nic_sends, nic_recvs), "peer": (peer_sends, peer_recvs)},
+    result = model_run.run(ends, work,
                            nic_connects=False, seed=seed + 3, established=spoof)
     assert result.errors == []
     assert seen["tcp_rx_challenged"] == 2, seen

@@ -24,7 +24,7 @@ import pytest
 from iwarp_tb import model_run
 from iwarp_tb.model_run import Ends
 from iwarp_tb.tcprig import CLOCK_HZ, NicTimers
-from iwarp_tb.traffic import EVERY, End, plan
+from iwarp_tb.traffic import End
 
 #: The NicCore of these tests: RFC 6298's timers scaled down further than the TCP tests'
 #: (a retransmission timeout of 0.5 ms at least, still ten round trips here), since the
@@ -66,11 +66,7 @@ def work_for(case, seed):
     _, count, longest = CASES[case]
     ends = Ends(End, seed)
     rng = random.Random(seed + 2)
-    nic_sends, peer_recvs = plan(rng, ends.nic, ends.peer, count, kinds=EVERY,
-                                 max_length=longest)
-    peer_sends, nic_recvs = plan(rng, ends.peer, ends.nic, count, kinds=EVERY,
-                                 max_length=longest)
-    return ends, {"nic": (nic_sends, nic_recvs), "peer": (peer_sends, peer_recvs)}
+    return ends, model_run.both_ways(ends, rng, count, max_length=longest)
 
 
 def check(case, result):

@@ -27,7 +27,7 @@ from iwarp_model.verbs import SGE, RecvWR, SendFlags, SendWR, WrOpcode
 from iwarp_tb import model_run
 from iwarp_tb.model_run import Ends
 from iwarp_tb.nicmodel import NicModelRig
-from iwarp_tb.traffic import ALL, EVERY, End, plan
+from iwarp_tb.traffic import ALL, End
 
 SIGNALED = SendFlags.SIGNALED
 
@@ -89,9 +89,7 @@ def test_every_opcode_with_model(nic_connects, tmp_path, seed=21, count=60):
     ends, none longer than Ethernet allows, and its pcap holds them all."""
     ends = Ends(End, seed)
     rng = random.Random(seed + 2)
-    nic_sends, peer_recvs = plan(rng, ends.nic, ends.peer, count, kinds=EVERY)
-    peer_sends, nic_recvs = plan(rng, ends.peer, ends.nic, count, kinds=EVERY)
-    work = {"nic": (nic_sends, nic_recvs), "peer": (peer_sends, peer_recvs)}
+    work = model_run.both_ways(ends, rng, count)
     pcap = tmp_path / "nic_model.pcap"
     captured = run(ends, work, nic_connects=nic_connects, seed=seed + 3, pcap=pcap)
     senders = {sender for _, sender, _ in captured}
