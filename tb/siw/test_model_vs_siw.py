@@ -196,7 +196,7 @@ def test_rping_model_client_vs_siw_server(rping_client_run):
     run = rping_client_run
     assert run.value == COUNT, run.value  # the model validated every ping (rping -V)
     assert len(ping_lines(run.lines)) == COUNT
-    assert run.guest.rc == 0, run.guest.output
+    assert run.guest.rc == 0, run.guest.transcript
     assert run.guest.pings == COUNT  # siw's "server ping data:" lines
     assert run.guest.output.count("server ping data: rdma-ping-") == COUNT
     for i in range(COUNT):
@@ -218,7 +218,7 @@ def test_rping_model_client_vs_siw_server(rping_client_run):
 
 def test_rping_model_server_vs_siw_client(rping_server_run):
     run = rping_server_run
-    assert run.guest.rc == 0, run.guest.output
+    assert run.guest.rc == 0, run.guest.transcript
     assert run.guest.output.count("ping data: rdma-ping-") == COUNT
     assert run.guest.pings == COUNT and run.guest.fields["attempts"] == "1"
     assert run.value == [COUNT]  # one connection; the model served 5 pings until siw left
@@ -237,7 +237,7 @@ def test_rping_model_server_vs_siw_client(rping_server_run):
 def test_model_asks_crc_of_stock_siw(rping_crc_run):
     run = rping_crc_run
     assert run.value == COUNT, run.value
-    assert run.guest.rc == 0 and run.guest.pings == COUNT, run.guest.output
+    assert run.guest.rc == 0 and run.guest.pings == COUNT, run.guest.transcript
     out, back = run.streams()
     assert out.mpa_frame(reply=False).crc
     reply = back.mpa_frame(reply=True)
@@ -258,7 +258,7 @@ def test_model_without_crc_vs_crc_required_siw(rping_crc_variant_run):
     run = rping_crc_variant_run
     assert run.guest.fields["variant"] == "crc"
     assert run.value == COUNT, run.value
-    assert run.guest.rc == 0 and run.guest.pings == COUNT, run.guest.output
+    assert run.guest.rc == 0 and run.guest.pings == COUNT, run.guest.transcript
     out, back = run.streams()
     assert not out.mpa_frame(reply=False).crc
     reply = back.mpa_frame(reply=True)
@@ -342,7 +342,7 @@ def ucmatose_server_p2p_run() -> Run:
 def test_ucmatose_model_client_takes_data_behind_the_reply(ucmatose_client_run):
     run = ucmatose_client_run
     assert run.value == MESSAGES, run.value
-    assert run.guest.rc == 0, run.guest.output
+    assert run.guest.rc == 0, run.guest.transcript
     assert run.guest.fields["complete"] == "1"
     assert "data transfers complete" in run.guest.output
     out, back = run.streams()
@@ -359,7 +359,7 @@ def test_ucmatose_model_server_vs_stock_siw_deadlocks(ucmatose_server_stock_run)
     first FPDU (RFC 5044 7.1.2) and cmatose's client sends only after receiving: nothing
     moves until the guest kills ucmatose."""
     run = ucmatose_server_stock_run
-    assert run.guest.rc == 137, run.guest.output  # killed by iwarp.timeout
+    assert run.guest.rc == 137, run.guest.transcript  # killed by iwarp.timeout
     assert run.guest.fields["complete"] == "0"
     (link,) = run.links
     assert not link.conn.request.enhanced.peer_to_peer and not link.conn.negotiated.peer_to_peer
@@ -373,7 +373,7 @@ def test_ucmatose_model_server_vs_stock_siw_deadlocks(ucmatose_server_stock_run)
 
 def test_ucmatose_model_server_vs_p2p_siw(ucmatose_server_p2p_run):
     run = ucmatose_server_p2p_run
-    assert run.guest.rc == 0, run.guest.output
+    assert run.guest.rc == 0, run.guest.transcript
     assert run.guest.fields["complete"] == "1"
     assert run.value == [MESSAGES]
     (link,) = run.links

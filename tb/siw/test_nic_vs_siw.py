@@ -134,7 +134,7 @@ def test_rping_nic_client_vs_siw_server(variant):
                               f"iwarp.count={COUNT} iwarp.size=64", scenario, variant)
     assert done == COUNT
     assert [line for line in lines if line.startswith("ping data: ")] == pings("ping data: ")
-    assert result.rc == 0, result.output
+    assert result.rc == 0, result.transcript
     assert result.pings == COUNT
     for line in pings("server ping data: "):
         assert line in result.output
@@ -162,7 +162,7 @@ def test_rping_nic_server_vs_siw_client(variant):
     served, result, pcap = boot(
         f"rping-server-{variant}",
         f"iwarp.role=rping-client iwarp.count={COUNT} iwarp.peer={NIC_IP}", scenario, variant)
-    assert result.rc == 0, result.output
+    assert result.rc == 0, result.transcript
     assert result.pings == COUNT and result.fields["attempts"] == "1"
     for line in pings("ping data: "):
         assert line in result.output
@@ -198,7 +198,7 @@ def test_ucmatose_nic_client_vs_siw_server(variant):
                                   f"iwarp.role=ucmatose-server iwarp.count={MESSAGES}", scenario,
                                   variant)
     assert len(received) == MESSAGES
-    assert result.rc == 0, result.output
+    assert result.rc == 0, result.transcript
     assert result.fields["complete"] == "1"
     _, opcodes = rdmap(pcap)
     assert opcodes == {"Send": 2 * MESSAGES, **({"Write": 1} if variant == "p2p" else {})}
@@ -225,7 +225,7 @@ def test_ucmatose_nic_server_vs_siw_client(variant):
         f"iwarp.role=ucmatose-client iwarp.count={MESSAGES} iwarp.peer={NIC_IP}", scenario,
         variant)
     assert received == MESSAGES
-    assert result.rc == 0, result.output
+    assert result.rc == 0, result.transcript
     assert result.fields["complete"] == "1"
     _, opcodes = rdmap(pcap)
     assert opcodes == {"Send": 2 * MESSAGES, "Write": 1}

@@ -37,9 +37,9 @@ def test_rping_back_to_back(stock, tmp_path):
     server, client = siw_guest.run_pair(f"iwarp.role=rping-server iwarp.count={count}",
                                         f"iwarp.role=rping-client iwarp.count={count}",
                                         workdir=tmp_path)
-    assert (server.rc, client.rc) == (0, 0), client.output + server.output
-    assert client.pings == count, client.output
-    assert server.pings == count, server.output
+    assert (server.rc, client.rc) == (0, 0), client.transcript + server.transcript
+    assert client.pings == count, client.transcript
+    assert server.pings == count, server.transcript
     assert client.output.count("ping data: rdma-ping-") == count
 
 
@@ -51,7 +51,7 @@ def test_ucmatose_back_to_back(stock, tmp_path):
     server, client = siw_guest.run_pair("iwarp.role=ucmatose-server iwarp.count=0",
                                         "iwarp.role=ucmatose-client iwarp.count=0",
                                         workdir=tmp_path)
-    assert (server.rc, client.rc) == (0, 0), client.output + server.output
+    assert (server.rc, client.rc) == (0, 0), client.transcript + server.transcript
     assert "return status 0" in client.output and "return status 0" in server.output
 
 

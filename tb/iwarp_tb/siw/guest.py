@@ -59,6 +59,13 @@ class GuestResult:
         return self.rc == 0
 
     @property
+    def transcript(self) -> str:
+        """The log from ``IWARP-READY`` on: earlier tries, the tool's output, the result line
+        and, after a failure, the kernel's last messages (what a failed test should show)."""
+        at = self.log.find(READY)
+        return self.log[at if at >= 0 else 0:].replace("\r", "")
+
+    @property
     def pings(self) -> int:
         """rping's ``ping data:`` lines (rping exits 0 even when it fails)."""
         return int(self.fields.get("pings", 0))
