@@ -454,8 +454,8 @@ def test_echo_node(data_bytes, mac_bytes):
                 assert segment.seq == theirs, "segments in order, none lost"
                 echoed += data
                 theirs = (theirs + len(data)) % (1 << 32)
-            if "F" in segment.flags:
-                assert segment.seq == theirs
+            if "F" in segment.flags:  # its sequence number follows the segment's data, if any
+                assert (segment.seq + len(data)) % (1 << 32) == theirs
                 theirs = (theirs + 1) % (1 << 32)
                 peer.send(tcp(sport, seq, theirs, "A"))
                 return bytes(echoed)

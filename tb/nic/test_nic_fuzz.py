@@ -17,9 +17,11 @@ Each round must show:
 
 * no hang: the traffic completes, and every frame is taken, within the time limit;
 * no stray write and the traffic unaffected: the traffic's run equals its oracle's;
-* every drop explained: each drop counter of the NIC (and the ICMP replies, ARP replies and
-  RSTs it answers with) moved by exactly what :func:`iwarp_tb.fuzz.expected` says of the
-  frames sent: no frame dropped for a reason other than its own, none lost for lack of room;
+* every drop explained: each drop counter of the NIC (and the ARP replies and RSTs it answers
+  with) moved by exactly what :func:`iwarp_tb.fuzz.expected` says of the frames sent: no
+  frame dropped for a reason other than its own, none lost for lack of room. Echo requests
+  are answered or found bad as it says, except those refused for want of room for their
+  replies (``ip_icmp_busy``), which must be few;
 * the target connection still up at both ends, in RTS and ESTABLISHED.
 
 The size: ``IWARP_FUZZ_FRAMES`` frames in all (default :data:`CI_FRAMES`), in rounds of at most
@@ -36,7 +38,16 @@ from iwarp_model.engine import Connection, ConnState
 from iwarp_model.verbs import QpState
 from iwarp_model.wire.net import ipv4, mac
 from iwarp_tb import model_run
-from iwarp_tb.fuzz import BASES, DROP_COUNTERS, REPLY_COUNTERS, STRATEGIES, Fuzzer, Injector, Target
+from iwarp_tb.fuzz import (
+    BASES,
+    DROP_COUNTERS,
+    ECHO_COUNTERS,
+    REPLY_COUNTERS,
+    STRATEGIES,
+    Fuzzer,
+    Injector,
+    Target,
+)
 from iwarp_tb.model_run import Ends
 from iwarp_tb.nicmodel import MODEL_IP, MODEL_MAC, NIC_IP, NIC_MAC
 from iwarp_tb.traffic import End
@@ -99,7 +110,7 @@ def test_fuzz(round_):
     print(f"round {round_}: {frames} frames ({fuzzer.unsettled} made again) in {run.cycles} "
           f"cycles; by base {made_by_base}; by mutation {made_by_strategy}")
     print("counters: " + ", ".join(f"{name} {seen[name]} (expected {fuzzer.expected[name]})"
-                                   for name in DROP_COUNTERS + REPLY_COUNTERS
+                                   for name in DROP_COUNTERS + REPLY_COUNTERS + ECHO_COUNTERS
                                    if seen[name] or fuzzer.expected[name]))
     assert run.errors == []
     assert sum(fuzzer.made.values()) == frames
@@ -107,5 +118,10 @@ def test_fuzz(round_):
     wrong = {name: (seen[name], fuzzer.expected[name]) for name in DROP_COUNTERS + REPLY_COUNTERS
              if seen[name] != fuzzer.expected[name]}
     assert wrong == {}, f"counter: (seen, expected): {wrong}"
+    answered, bad, busy = (seen[name] for name in ECHO_COUNTERS)
+    assert answered <= fuzzer.expected["ip_icmp_replies"]
+    assert bad <= fuzzer.expected["ip_icmp_bad_checksum"]
+    assert answered + bad + busy == sum(fuzzer.expected[name] for name in ECHO_COUNTERS)
+    assert busy <= answered // 10, f"{busy} echo requests refused, {answered} answered"
     assert target_qp.state == QpState.RTS, target_qp.reason
     assert conn.state == ConnState.ESTABLISHED and not link.transport_closed

@@ -101,7 +101,7 @@ class TxFramer(wiring.Component):
       beat per cycle until its last (a packet FIFO in front guarantees that). A cycle with
       ``i.valid`` low mid-frame is an *underrun*: the frame is ended there with an inverted FCS,
       the rest of the source frame is consumed and discarded, and ``underruns`` counts it.
-    * ``frames``: frames sent (including bad ones).
+    * ``frames``: frames sent (including bad ones), counted the cycle after a frame's final slot.
     """
 
     def __init__(self, data_bytes):
@@ -159,10 +159,18 @@ class TxFramer(wiring.Component):
         final_keep = Signal(n)
         gaps = _by_keep(m, final_keep, lambda k: self.gap_slots(n, k), len(gap), "gaps")
 
+        # `frames` counts a cycle after the frame's final slot, from a register: the counter
+        # may be placed far off (by what reads it), and its enable then has a cycle to get there.
+        sent = Signal()
+
         def final(keep, err):
             m.d.comb += [s_last.eq(1), s_err.eq(err), final_keep.eq(keep)]
             m.d.sync += [gap.eq(gaps), count.eq(0), frame_err.eq(0), state.eq(gap_state),
-                         self.frames.eq(add(self.frames, 1))]
+                         sent.eq(1)]
+
+        m.d.sync += sent.eq(0)
+        with m.If(sent):
+            m.d.sync += self.frames.eq(add(self.frames, 1))
 
         def pad_or_final(keep, err):
             with m.If(pads_more):

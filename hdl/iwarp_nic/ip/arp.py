@@ -100,6 +100,12 @@ class ArpEngine(wiring.Component):
             with m.If(strobe):
                 m.d.sync += counter.eq(counter + 1)
 
+        # A packet too short for the header (or header-only and bad) is dropped by the
+        # parser, in a cycle that DECIDE's verdict on the packet before may share: both are
+        # added, summed first (one adder on the counter, as for the others).
+        decided_bad = Signal()
+        m.d.sync += self.rx_bad.eq(self.rx_bad + (parser.drop + decided_bad))
+
         # --- the cache: `entries` registers, searched in parallel -----------------------------
         valid = Signal(self.entries)
         ips = [Signal(32, name=f"cache_ip{k}") for k in range(self.entries)]
@@ -165,7 +171,7 @@ class ArpEngine(wiring.Component):
             m.d.comb += hdr.ready.eq(drop | ~wants_reply | ~reply_pending)
             with m.If(hdr.ready):
                 rx.goto("IDLE")
-                count("rx_bad", drop)
+                m.d.comb += decided_bad.eq(drop)
                 count("rx_request", ~drop & is_request)
                 count("rx_reply", ~drop & is_reply)
                 with m.If(~drop & has_sender):

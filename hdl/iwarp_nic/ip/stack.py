@@ -19,7 +19,7 @@ from amaranth.lib.wiring import In, Out
 from ..exact import eq
 from ..hdrparse import HeaderEmitter, HeaderParser, HeaderStream
 from ..headers import ETHERNET, IPV4
-from ..stream import BeatLayout, BeatStream, SkidBuffer, check_data_bytes
+from ..stream import BeatStream, check_data_bytes
 from . import arp as arp_mod
 from . import icmp as icmp_mod
 from .arp import ETHERTYPE_ARP, ArpEngine
@@ -74,9 +74,10 @@ class IpStack(wiring.Component):
     header is offered four cycles after the beat completing the IPv4 header (:class:`.Ipv4Rx`
     registers its ports and its checks); TX: the first frame beat leaves about seven cycles
     after a TCP request meets an idle stack and a cache hit.
-    Back-pressure: the RX path stalls while an echo reply waits for the TX side, and
-    the TX path stalls while the resolver waits for an ARP reply (``arp_timeout`` cycles per
-    try, ``arp_retries`` tries).
+    Back-pressure: the TX path stalls while the resolver waits for an ARP reply
+    (``arp_timeout`` cycles per try, ``arp_retries`` tries); the RX path never waits for the
+    TX path (an echo reply is made whole in :class:`.IcmpEcho`'s buffer before it is offered),
+    so the ARP reply it waits for always gets in.
     """
 
     def __init__(self, data_bytes, *, arp_entries=8, arp_retries=3, arp_timeout=1 << 20):
@@ -161,15 +162,14 @@ class IpStack(wiring.Component):
         wiring.connect(m, ip_demux.o_header[1], icmp.i_header)
         wiring.connect(m, ip_demux.o_payload[1], icmp.i_payload)
 
-        # TX: echo replies and TCP into IPv4, then ARP and IPv4 into Ethernet.
-        # Skid buffers on the replies: IcmpEcho streams a request through to its reply, so the
-        # arbiter's ready would otherwise run through it back into the receive side.
-        m.submodules.icmp_header_skid = icmp_header_skid = SkidBuffer(TxRequest)
-        m.submodules.icmp_payload_skid = icmp_payload_skid = SkidBuffer(BeatLayout(n, err=True))
-        wiring.connect(m, icmp.o_header, icmp_header_skid.i)
-        wiring.connect(m, icmp.o_payload, icmp_payload_skid.i)
-        wiring.connect(m, icmp_header_skid.o, ip_arb.i_header[0])
-        wiring.connect(m, icmp_payload_skid.o, ip_arb.i_payload[0])
+        # TX: echo replies (whole in IcmpEcho's buffer, never an err) and TCP into IPv4, then
+        # ARP and IPv4 into Ethernet.
+        wiring.connect(m, icmp.o_header, ip_arb.i_header[0])
+        reply, way = icmp.o_payload, ip_arb.i_payload[0]
+        m.d.comb += [way.valid.eq(reply.valid), reply.ready.eq(way.ready),
+                     way.payload.data.eq(reply.payload.data),
+                     way.payload.keep.eq(reply.payload.keep),
+                     way.payload.last.eq(reply.payload.last)]
         wiring.connect(m, wiring.flipped(self.i_tcp_header), ip_arb.i_header[1])
         wiring.connect(m, wiring.flipped(self.i_tcp_payload), ip_arb.i_payload[1])
         wiring.connect(m, ip_arb.o_header, ip_tx.i_header)
