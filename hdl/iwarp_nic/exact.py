@@ -12,8 +12,9 @@ from contextlib import contextmanager
 
 from amaranth import Cat, Const, Mux, Signal, Value
 
-__all__ = ["mask", "eq", "one_of", "same", "ne", "lt", "gt", "add", "sub", "wrap_add", "wrap_sub",
-           "is_zero", "select", "Machine", "wire", "shift_right", "widened"]
+__all__ = ["mask", "eq", "one_of", "same", "ne", "lt", "gt", "add", "add_counts", "sub",
+           "wrap_add", "wrap_sub", "is_zero", "select", "Machine", "wire", "shift_right",
+           "widened"]
 
 
 def mask(width):
@@ -71,6 +72,17 @@ def add(a, value):
     if value == 1 or _top_set(value, w):
         return (a + Const(value, w))[:w]
     return (a - Const((1 << w) - value, w))[:w]
+
+
+def add_counts(m, counter, strobes, name):
+    """``counter`` plus the one-bit ``strobes``, modulo ``2**len(counter)``, ``len(counter)``
+    bits wide. The strobes are summed first and :func:`widened`, so the counter gets one adder
+    of equal-width operands (as with :func:`add`), not a chain of them."""
+    total = strobes[0]
+    for strobe in strobes[1:]:
+        total = total + strobe
+    w = len(counter)
+    return (counter + widened(m, total, w, name))[:w]
 
 
 def sub(a, value):

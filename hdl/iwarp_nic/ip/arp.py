@@ -18,7 +18,7 @@ from amaranth import Cat, Module, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..exact import Machine, eq, select
+from ..exact import Machine, add_counts, eq, select
 from ..hdrparse import HeaderEmitter, HeaderParser, HeaderStream
 from ..headers import ARP, ETHERNET
 from ..stream import BeatStream, check_data_bytes
@@ -104,7 +104,8 @@ class ArpEngine(wiring.Component):
         # parser, in a cycle that DECIDE's verdict on the packet before may share: both are
         # added, summed first (one adder on the counter, as for the others).
         decided_bad = Signal()
-        m.d.sync += self.rx_bad.eq(self.rx_bad + (parser.drop + decided_bad))
+        m.d.sync += self.rx_bad.eq(add_counts(m, self.rx_bad, (parser.drop, decided_bad),
+                                                      "rx_bad_step"))
 
         # --- the cache: `entries` registers, searched in parallel -----------------------------
         valid = Signal(self.entries)

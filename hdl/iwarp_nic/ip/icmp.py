@@ -20,7 +20,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
-from ..exact import Machine, eq, lt, ne, sub
+from ..exact import Machine, add_counts, eq, lt, ne, sub
 from ..fifo import PacketFifo
 from ..hdrparse import HeaderEmitter, HeaderParser, HeaderStream
 from ..headers import ICMP_ECHO, IPV4
@@ -147,7 +147,8 @@ class IcmpEcho(wiring.Component):
         # for want of room.
         last_in = buffer.i.valid & buffer.i.ready & buffer.i.payload.last
         overflowed, refused = Signal(), Signal()     # the two reasons of icmp_busy
-        m.d.sync += self.icmp_busy.eq(self.icmp_busy + (overflowed + refused))  # one adder
+        m.d.sync += self.icmp_busy.eq(add_counts(m, self.icmp_busy, (overflowed, refused),
+                                                             "busy_step"))
         with m.If(writing & last_in):
             m.d.sync += writing.eq(0)
             m.d.comb += [replies.w_en.eq(buffer.ended_kept), overflowed.eq(buffer.ended_overflow)]
