@@ -75,9 +75,12 @@ class IpStack(wiring.Component):
     registers its ports and its checks); TX: the first frame beat leaves about seven cycles
     after a TCP request meets an idle stack and a cache hit.
     Back-pressure: the TX path stalls while the resolver waits for an ARP reply
-    (``arp_timeout`` cycles per try, ``arp_retries`` tries); the RX path never waits for the
-    TX path (an echo reply is made whole in :class:`.IcmpEcho`'s buffer before it is offered),
-    so the ARP reply it waits for always gets in.
+    (``arp_timeout`` cycles per try, ``arp_retries`` tries). An echo request no longer waits
+    for TX (its reply is made whole in :class:`.IcmpEcho`'s buffer before it is offered), but
+    RX still does in two places: :class:`.ArpEngine` holds a request while its previous reply
+    waits to go out, and TCP above stops taking segments while its transmit queue is full.
+    With the resolver holding TX, the latter shuts RX, the awaited ARP reply included, until
+    the resolver gives up (a known fault: ``docs/architecture.md``, "ARP, IPv4, ICMP").
     """
 
     def __init__(self, data_bytes, *, arp_entries=8, arp_retries=3, arp_timeout=1 << 20):
