@@ -8,7 +8,8 @@ answered once it comes, the receive side never held up);
 bad datagrams (checksum, options, fragments, other IP, truncated, bad frame, unknown protocol or
 EtherType, other MAC) dropped with the right counter and no effect on their neighbours; TCP
 datagrams delivered with their header fields and trimmed payload. TX: TCP requests leave as
-frames scapy decodes with correct checksums; resolution by ARP, retries and timeout.
+frames scapy decodes with correct checksums; resolution by ARP (the datagram parked, the
+others going on), retries and timeout.
 """
 
 import ipaddress
@@ -22,6 +23,7 @@ from scapy.packet import Raw
 
 from iwarp_model.wire.net import IcmpEcho, IPv4Packet, internet_checksum
 from iwarp_nic.ip import IpStack
+from iwarp_nic.ip.park import PARK_BYTES
 from iwarp_nic.ip.stack import COUNTERS
 from iwarp_tb.amsim import run
 from iwarp_tb.beats import Beat, Packet, from_beats
@@ -33,6 +35,7 @@ OUR_MAC, OUR_IP = "02:00:00:00:00:01", "10.0.0.1"
 PEER_MAC, PEER_IP = "02:00:00:00:00:02", "10.0.0.2"
 MAC2, IP2 = "02:00:00:00:00:03", "10.0.0.3"
 IP3 = "10.0.0.4"                         # nobody answers for it
+MAC3, IP4 = "02:00:00:00:00:05", "10.0.0.5"
 TIMEOUT, RETRIES = 300, 3
 
 
@@ -59,7 +62,8 @@ def dut(n):
 
 
 class Collector:
-    """Accepts every transfer of a stream with random ``ready``, until ``state['done']``."""
+    """Accepts every transfer of a stream with random ``ready``, until ``state['done']``;
+    none while ``state['hold']``."""
 
     def __init__(self, port, rng, state):
         self.port, self.rng, self.state, self.got = port, rng, state, []
@@ -70,7 +74,7 @@ class Collector:
         names = list(self.port.fields)
         signals = [self.port.valid] + [self.port.fields[k] for k in names]
         while not self.state.get("done"):
-            ready = self.rng.random() >= STALL
+            ready = not self.state.get("hold") and self.rng.random() >= STALL
             bus.set(self.port.ready, int(ready))
             valid, *values = await bus.edge(*signals)
             if ready and valid:
@@ -258,23 +262,128 @@ def test_rx_mix(n):
     assert state["counters"] == expected_counts(**nonzero)
 
 
+@pytest.mark.parametrize("n", WIDTHS)
+def test_arp_burst_while_tx_waits(n):
+    """ARP requests for us from eight senders, back to back, while nothing leaves the stack:
+    the receive side takes them at its full rate (it never waits for TX), the ones that find
+    a reply already waiting go unanswered (``arp_reply_busy``), and once TX moves every reply
+    made leaves byte-exact, to its own requester. A request after that is answered."""
+    rng = random.Random(40 + n)
+    stack = dut(n)
+    senders = [(f"02:00:00:00:01:{k:02x}", f"10.0.1.{k}") for k in range(1, 10)]
+
+    def request(mac, ip):
+        return frame(Ether(dst="ff:ff:ff:ff:ff:ff", src=mac) / ARP(
+            op=1, hwsrc=mac, psrc=ip, hwdst="00:00:00:00:00:00", pdst=OUR_IP))
+
+    def reply(mac, ip):
+        return bytes(Ether(dst=mac, src=OUR_MAC) / ARP(op=2, hwsrc=OUR_MAC, psrc=OUR_IP,
+                                                      hwdst=mac, pdst=ip))
+
+    burst = [request(*s) for s in senders[:-1]]
+    beats = sum(-(-len(f) // n) for f in burst)
+    state = {"hold": True, "now": 0}
+    out = Collector(StreamPort.amaranth(stack.o), rng, state)
+
+    async def clock(ctx):
+        while not state.get("done"):
+            await ctx.tick()
+            state["now"] += 1
+
+    async def driver(ctx):
+        bus = AmaranthBus(ctx)
+        await configure(ctx, stack)
+        port_i = StreamPort.amaranth(stack.i)
+        begin = state["now"]
+        await send_packets(bus, port_i, burst, n)
+        await wait_for(ctx, lambda: ctx.get(stack.arp_rx_request) == len(burst))
+        state["cycles"] = state["now"] - begin
+        state["busy"] = ctx.get(stack.arp_reply_busy)
+        state["hold"] = False
+        await wait_for(ctx, lambda: out.count == ctx.get(stack.arp_tx_reply))
+        await send_packets(bus, port_i, [request(*senders[-1])], n)
+        await wait_for(ctx, lambda: out.count == len(burst) + 1 - state["busy"])
+        state["done"] = True
+        state["counters"] = counters(ctx, stack)
+
+    run(stack, driver, out.run, clock, name=f"ip_arp_burst_w{n}")
+    # The burst was taken as it came: each request costs its beats and a few cycles, however
+    # long TX is held.
+    assert state["cycles"] <= beats + 4 * len(burst) + 16, (
+        f"{state['cycles']} cycles to take {beats} beats")
+    c = state["counters"]
+    answered = c["arp_tx_reply"]
+    assert c["arp_reply_busy"] == state["busy"] >= 1 and answered + state["busy"] == len(
+        burst) + 1
+    sent = [bytes(p) for p in out.packets(n)]
+    assert len(sent) == answered
+    # The replies leave in request order, each to its requester; the last to the late one.
+    targets = iter(senders)
+    for wire in sent:
+        assert any(wire == reply(*t) for t in targets), "a reply not to a requester, or late"
+    assert sent[-1] == reply(*senders[-1])
+    assert (c["arp_rx_request"], c["arp_rx_bad"], c["rx_delivered"]) == (len(burst) + 1, 0, 0)
+
+
+@pytest.mark.parametrize("n", WIDTHS)
+def test_truncated_back_to_back(n):
+    """Datagrams cut short of their Total Length, each followed at once by an IPv4 packet too
+    short for a header (a runt), every cut and runt length: each is counted in
+    ``rx_truncated``, also when the two are found in one cycle (the parser drops the runt as
+    the datagram before it ends). The same one layer down: Ethernet headers alone, each
+    followed by a frame shorter than a header, all counted in ``eth_runt``."""
+    rng = random.Random(60 + n)
+    stack = dut(n)
+    whole = bytes(ip_to_us(Raw(bytes(TCP(dport=9) / Raw(b"t" * 40))), proto=6))
+    pairs = [(Packet(whole[:-cut]), Packet(whole[:14 + short], True))
+             for cut in range(1, 41) for short in (1, 7, 12, 19)]
+    header = whole[:14]
+    pairs += [(Packet(header), Packet(header[:short], True)) for short in range(1, 14)]
+    rng.shuffle(pairs)
+    frames = [f for pair in pairs for f in pair]
+    runts = sum(len(f) <= 14 for f in frames)
+    state = {}
+    tcp_hdr = Collector(header_port(stack.o_tcp_header), rng, state)
+    tcp_pay = Collector(StreamPort.amaranth(stack.o_tcp_payload), rng, state)
+
+    async def driver(ctx):
+        await configure(ctx, stack)
+        await send_packets(AmaranthBus(ctx), StreamPort.amaranth(stack.i), frames, n)
+        await wait_for(ctx, lambda: ctx.get(stack.rx_truncated) == len(frames) - runts
+                       and ctx.get(stack.eth_runt) == runts)
+        state["done"] = True
+
+    run(stack, driver, tcp_hdr.run, tcp_pay.run, name=f"ip_truncated_w{n}")
+    assert all(p.err for p in tcp_pay.packets(n))
+
+
 # --- TX: TCP datagrams out, resolution, retries and timeout ---------------------------------------
 
 @pytest.mark.parametrize("n", WIDTHS)
 def test_tx_and_resolver(n):
+    """TCP datagrams leave as frames scapy decodes. A datagram to an unknown address is parked
+    while its ARP request is out, and the datagrams behind it do not wait: one to a known
+    address leaves at once, one that also misses is discarded (``tx_unresolved``). The answer
+    releases the parked one. Nobody answers for IP3: RETRIES requests, then the parked datagram
+    is thrown away (``arp_resolve_fail``), while a datagram to the peer sent meanwhile left
+    before the last request; the park is free again after that."""
     rng = random.Random(90 + n)
-    stack = dut(n)
+    # Long enough that IP2 is asked once before its answer comes.
+    stack = IpStack(n, arp_entries=4, arp_retries=RETRIES, arp_timeout=10 * TIMEOUT)
     learn = frame(Ether(dst="ff:ff:ff:ff:ff:ff", src=PEER_MAC) / ARP(
         op=1, hwsrc=PEER_MAC, psrc=PEER_IP, pdst=OUR_IP))
-    answer = frame(Ether(dst=OUR_MAC, src=MAC2) / ARP(
-        op=2, hwsrc=MAC2, psrc=IP2, hwdst=OUR_MAC, pdst=OUR_IP))
+
+    def answer(mac, ip):
+        return frame(Ether(dst=OUR_MAC, src=mac) / ARP(op=2, hwsrc=mac, psrc=ip, hwdst=OUR_MAC,
+                                                         pdst=OUR_IP))
 
     def segment(dst):
         data = bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 40 if n == 1 else 400)))
         return dst, bytes(TCP(sport=4791, dport=rng.getrandbits(16), flags="A") / Raw(data))
 
     plan = [segment(PEER_IP) for _ in range(3 if n == 1 else 6)]
-    to_ip2, to_ip3, after = segment(IP2), segment(IP3), segment(PEER_IP)
+    to_ip2, lost, mid = segment(IP2), segment(IP3), segment(PEER_IP)
+    to_ip3, after, to_ip4 = segment(IP3), segment(PEER_IP), segment(IP4)
     state = {}
     out = Collector(StreamPort.amaranth(stack.o), rng, state)
 
@@ -293,19 +402,25 @@ def test_tx_and_resolver(n):
         await wait_for(ctx, lambda: out.count == 1)            # the ARP reply
         for dst, seg in plan:
             await tcp_send(ctx, dst, seg)
-        await wait_for(ctx, lambda: out.count == 1 + len(plan))
-        # An unknown address: one ARP request, answered, then the datagram.
-        header = AmaranthBus(ctx)
-        await send(header, StreamPort.amaranth(stack.i_tcp_header),
-                   [{"dst": ip_int(IP2), "protocol": 6, "length": len(to_ip2[1])}])
-        await wait_for(ctx, lambda: out.count == 2 + len(plan))
-        await send_packets(bus_i, port_i, [answer], n)
-        await send_packets(header, StreamPort.amaranth(stack.i_tcp_payload), [to_ip2[1]], n)
-        await wait_for(ctx, lambda: out.count == 3 + len(plan))
-        # Nobody answers: RETRIES requests, then the datagram is discarded; the next one leaves.
+        base = 1 + len(plan)
+        await wait_for(ctx, lambda: out.count == base)
+        # IP2 is parked; a second miss is discarded; the peer's datagram leaves meanwhile.
+        for dst, seg in (to_ip2, lost, mid):
+            await tcp_send(ctx, dst, seg)
+        await wait_for(ctx, lambda: out.count == base + 2)     # ARP request, `mid`
+        await send_packets(bus_i, port_i, [answer(MAC2, IP2)], n)
+        await wait_for(ctx, lambda: out.count == base + 3)     # the parked datagram
+        # Nobody answers for IP3: the peer's datagram behind it does not wait.
         await tcp_send(ctx, *to_ip3)
         await tcp_send(ctx, *after)
-        await wait_for(ctx, lambda: out.count == 4 + RETRIES + len(plan))
+        await wait_for(ctx, lambda: out.count == base + 4 + RETRIES)
+        await wait_for(ctx, lambda: ctx.get(stack.arp_resolve_fail) == 1)
+        await ctx.tick().repeat(PARK_BYTES // n)   # the park throws away a beat per cycle
+        # The park is free again: IP4 is parked, resolved and sent.
+        await tcp_send(ctx, *to_ip4)
+        await wait_for(ctx, lambda: out.count == base + 5 + RETRIES)
+        await send_packets(bus_i, port_i, [answer(MAC3, IP4)], n)
+        await wait_for(ctx, lambda: out.count == base + 6 + RETRIES)
         state["done"] = True
         state["counters"] = counters(ctx, stack)
 
@@ -333,26 +448,35 @@ def test_tx_and_resolver(n):
     for dst, seg in plan:
         check_tcp(sent[k], PEER_MAC, dst, seg)
         k += 1
-    assert sent[k] == arp_request(IP2)
-    check_tcp(sent[k + 1], MAC2, IP2, to_ip2[1])
-    k += 2
-    assert sent[k:k + RETRIES] == [arp_request(IP3)] * RETRIES
-    check_tcp(sent[k + RETRIES], PEER_MAC, PEER_IP, after[1])
+    # The request for IP2 and `mid` in either order (`mid` may pass the parked datagram's
+    # payload on its way into the park), then the parked datagram.
+    pair = sorted(sent[k:k + 2], key=lambda wire: wire[12:14] != b"\x08\x06")
+    assert pair[0] == arp_request(IP2)
+    check_tcp(pair[1], PEER_MAC, PEER_IP, mid[1])
+    check_tcp(sent[k + 2], MAC2, IP2, to_ip2[1])
+    k += 3
+    # IP3's requests, with `after` among them and never after the last.
+    tail = sent[k:k + RETRIES + 1]
+    tcp_at = [j for j, wire in enumerate(tail) if wire[12:14] == b"\x08\x00"]
+    assert len(tcp_at) == 1 and tcp_at[0] < RETRIES, "the peer's datagram waited for IP3"
+    check_tcp(tail[tcp_at[0]], PEER_MAC, PEER_IP, after[1])
+    assert [w for j, w in enumerate(tail) if j != tcp_at[0]] == [arp_request(IP3)] * RETRIES
+    k += RETRIES + 1
+    assert sent[k] == arp_request(IP4)
+    check_tcp(sent[k + 1], MAC3, IP4, to_ip4[1])
     c = state["counters"]
     assert (c["tx_sent"], c["tx_unresolved"], c["arp_resolve_fail"], c["arp_tx_request"]) == (
-        len(plan) + 2, 1, 1, RETRIES + 1)
+        len(plan) + 4, 1, 1, RETRIES + 2)
     idents = [int.from_bytes(p[18:20], "big") for p in sent if p[12:14] == b"\x08\x00"]
     assert len(set(idents)) == len(idents)
 
 
 @pytest.mark.parametrize("n", WIDTHS)
 def test_echo_while_resolving(n):
-    """A datagram to an address not in the cache holds the TX side while its ARP request is
-    out; an echo request arrives (far longer than the stack's skid buffers hold), then the
-    ARP reply. The receive side must take both: one ARP request, the datagram sent, then the
-    echo reply, nothing unresolved. (The reply used to stream through from the request, so
-    the request's tail held the receive side, the ARP reply behind it could not get in, and
-    the resolver timed out: here the request's input stalls.)"""
+    """A datagram to an address not in the cache is parked while its ARP request is out; an
+    echo request arrives, then the ARP reply. Both are taken and answered: one ARP request, the
+    echo reply and the datagram sent, nothing unresolved. (TX used to wait for the resolver
+    here, and the echo reply with it.)"""
     rng = random.Random(300 + n)
     stack = IpStack(n, arp_entries=4, arp_retries=RETRIES, arp_timeout=20_000)  # > the ping
     learn = frame(Ether(dst="ff:ff:ff:ff:ff:ff", src=PEER_MAC) / ARP(
@@ -372,17 +496,19 @@ def test_echo_while_resolving(n):
         await wait_for(ctx, lambda: out.count == 1)            # the ARP reply
         await send(tx, StreamPort.amaranth(stack.i_tcp_header),
                    [{"dst": ip_int(IP2), "protocol": 6, "length": len(seg)}])
+        await send_packets(tx, StreamPort.amaranth(stack.i_tcp_payload), [seg], n)
         await wait_for(ctx, lambda: out.count == 2)            # the ARP request for IP2
         await send_packets(bus_i, port_i, [frame(ping), answer], n)
-        await send_packets(tx, StreamPort.amaranth(stack.i_tcp_payload), [seg], n)
         await wait_for(ctx, lambda: out.count == 4)
         state["done"] = True
         state["counters"] = counters(ctx, stack)
 
     run(stack, driver, out.run, name=f"ip_echo_resolving_w{n}")
     sent = [bytes(p) for p in out.packets(n)]
-    assert Ether(sent[2])[IP].dst == IP2 and bytes(Ether(sent[2])[IP].payload) == seg
-    check_echo_reply(sent[3], ping)
+    assert Ether(sent[1])[ARP].pdst == IP2
+    to_ip2, reply = sorted(sent[2:4], key=lambda wire: Ether(wire)[IP].dst != IP2)
+    assert Ether(to_ip2)[IP].dst == IP2 and bytes(Ether(to_ip2)[IP].payload) == seg
+    check_echo_reply(reply, ping)
     c = state["counters"]
     assert (c["arp_tx_request"], c["tx_unresolved"], c["icmp_replies"], c["tx_sent"]) == (
         1, 0, 1, 2)

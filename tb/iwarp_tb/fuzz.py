@@ -10,7 +10,9 @@ that holds is the one counted):
 * Ethernet: a destination neither the NIC's MAC nor broadcast (``ip_eth_not_ours``), an
   EtherType neither ARP nor IPv4, or IPv4 sent to broadcast (``ip_eth_ethertype``);
 * ARP (RFC 826): a packet shorter than 28 octets, not Ethernet/IPv4, or in a bad frame
-  (``ip_arp_rx_bad``); a request for the NIC's address is answered (``ip_arp_tx_reply``);
+  (``ip_arp_rx_bad``); a request for the NIC's address is answered (``ip_arp_tx_reply``),
+  unless the previous reply still waits then (``ip_arp_reply_busy``, which depends on
+  timing: :data:`ARP_REPLY_COUNTERS`);
 * IPv4 (RFC 791, RFC 1122 section 3.2.1): shorter than 20 octets (``ip_rx_truncated``);
   version, IHL below 5 or Total Length below 20 (``ip_rx_bad_header``); options
   (``ip_rx_options``); header checksum; fragments; a destination not the NIC's; then a frame
@@ -68,7 +70,7 @@ from iwarp_model.wire.net import (
 )
 
 __all__ = ["Target", "Unsettled", "expected", "Fuzzer", "Injector", "BASES", "STRATEGIES",
-           "DROP_COUNTERS", "REPLY_COUNTERS", "ECHO_COUNTERS"]
+           "DROP_COUNTERS", "REPLY_COUNTERS", "ECHO_COUNTERS", "ARP_REPLY_COUNTERS"]
 
 MIN_FCS_FRAME = 64          # octets with the FCS
 MAX_FCS_FRAME = 1518
@@ -90,10 +92,12 @@ DROP_COUNTERS = (
     "tcp_rx_front_bad_checksum", "tcp_rx_front_bad_header", "tcp_rx_front_discarded",
     "tcp_rx_no_buffer")
 #: What the NIC answers fuzzed frames with, checked exactly as well.
-REPLY_COUNTERS = ("ip_arp_tx_reply", "tcp_tx_resets")
+REPLY_COUNTERS = ("tcp_tx_resets",)
 #: The fates of an echo request: answered, or found bad, as :func:`expected` says, unless
 #: refused for want of room for its reply (the last counter) whatever it was.
 ECHO_COUNTERS = ("ip_icmp_replies", "ip_icmp_bad_checksum", "ip_icmp_busy")
+#: The fates of an ARP request for the NIC: answered, unless the previous reply still waits.
+ARP_REPLY_COUNTERS = ("ip_arp_tx_reply", "ip_arp_reply_busy")
 
 
 class Unsettled(Exception):
@@ -118,8 +122,8 @@ class Target:
 
 
 def expected(frame, target, *, bad_fcs=False):
-    """The counters of :data:`DROP_COUNTERS`, :data:`REPLY_COUNTERS` and :data:`ECHO_COUNTERS`
-    the NIC moves for
+    """The counters of :data:`DROP_COUNTERS`, :data:`REPLY_COUNTERS`, :data:`ECHO_COUNTERS` and
+    :data:`ARP_REPLY_COUNTERS` the NIC moves for
     ``frame`` (as sent, padding included, without FCS; a corrupted FCS if ``bad_fcs``), as a
     :class:`~collections.Counter`. :exc:`Unsettled` if the rules do not decide."""
     out = Counter()
@@ -151,12 +155,10 @@ def _arp(packet, target, bad):
     if bad or len(packet) < ArpPacket.LENGTH or packet[:6] != bytes.fromhex("000108000604"):
         return Counter(["ip_arp_rx_bad"])
     arp = ArpPacket.decode(packet)
+    if arp.sender_ip == target.src_ip and arp.sender_mac != target.src_mac:
+        # It would give the peer's address another MAC: the traffic's frames would go astray.
+        raise Unsettled("an ARP packet that moves the peer")
     if arp.op == ARP_REQUEST and arp.target_ip == target.nic_ip:
-        if arp.sender_ip != target.src_ip or arp.sender_mac != target.src_mac:
-            # Held back: one that teaches the NIC an address can evict the peer's entry, and
-            # TCP segments arriving while the NIC resolves the peer again can shut its receive
-            # side (docs/architecture.md, "ARP, IPv4, ICMP": a known fault).
-            raise Unsettled("a request that would teach the NIC an address")
         return Counter(["ip_arp_tx_reply"])
     raise Unsettled("an ARP packet that is not a request for the NIC")
 
@@ -194,11 +196,6 @@ def _ipv4(ip, target, bad):
         out += _icmp(body)
     else:
         return out + Counter(["ip_ip_protocol"])
-    if ip[12:16] != target.src_ip and (out["tcp_tx_resets"] or out["ip_icmp_replies"]):
-        # Held back: the answer would go to an address the NIC must resolve first, and its
-        # receive side can stop while it does (docs/architecture.md, "ARP, IPv4, ICMP": a
-        # known fault). Bit flips that keep the checksums good make such sources.
-        raise Unsettled("a frame the NIC answers at an address it does not know")
     return out
 
 

@@ -21,7 +21,8 @@ Each round must show:
   with) moved by exactly what :func:`iwarp_tb.fuzz.expected` says of the frames sent: no
   frame dropped for a reason other than its own, none lost for lack of room. Echo requests
   are answered or found bad as it says, except those refused for want of room for their
-  replies (``ip_icmp_busy``), which must be few;
+  replies (``ip_icmp_busy``), and ARP requests for the NIC answered, except those that find
+  the previous reply still waiting (``ip_arp_reply_busy``); both must be few;
 * the target connection still up at both ends, in RTS and ESTABLISHED.
 
 The size: ``IWARP_FUZZ_FRAMES`` frames in all (default :data:`CI_FRAMES`), in rounds of at most
@@ -39,6 +40,7 @@ from iwarp_model.verbs import QpState
 from iwarp_model.wire.net import ipv4, mac
 from iwarp_tb import model_run
 from iwarp_tb.fuzz import (
+    ARP_REPLY_COUNTERS,
     BASES,
     DROP_COUNTERS,
     ECHO_COUNTERS,
@@ -111,7 +113,7 @@ def test_fuzz(round_):
           f"cycles; by base {made_by_base}; by mutation {made_by_strategy}")
     print("counters: " + ", ".join(f"{name} {seen[name]} (expected {fuzzer.expected[name]})"
                                    for name in DROP_COUNTERS + REPLY_COUNTERS + ECHO_COUNTERS
-                                   if seen[name] or fuzzer.expected[name]))
+                                   + ARP_REPLY_COUNTERS if seen[name] or fuzzer.expected[name]))
     assert run.errors == []
     assert sum(fuzzer.made.values()) == frames
     assert all(made_by_base.values()) and all(made_by_strategy.values())
@@ -123,5 +125,8 @@ def test_fuzz(round_):
     assert bad <= fuzzer.expected["ip_icmp_bad_checksum"]
     assert answered + bad + busy == sum(fuzzer.expected[name] for name in ECHO_COUNTERS)
     assert busy <= answered // 10, f"{busy} echo requests refused, {answered} answered"
+    answered, busy = (seen[name] for name in ARP_REPLY_COUNTERS)
+    assert answered + busy == fuzzer.expected["ip_arp_tx_reply"]
+    assert busy <= answered // 10, f"{busy} ARP requests unanswered, {answered} answered"
     assert target_qp.state == QpState.RTS, target_qp.reason
     assert conn.state == ConnState.ESTABLISHED and not link.transport_closed

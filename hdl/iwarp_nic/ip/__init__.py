@@ -5,7 +5,8 @@ from .arp import ArpEngine
 from .icmp import IcmpEcho
 from .ipv4 import Ipv4Rx, Ipv4Tx, TxRequest
 from .mux import Arbiter, Demux
+from .park import ParkedDatagram
 from .stack import IpStack
 
 __all__ = ["ArpEngine", "IcmpEcho", "Ipv4Rx", "Ipv4Tx", "TxRequest", "Arbiter", "Demux",
-           "IpStack"]
+           "ParkedDatagram", "IpStack"]

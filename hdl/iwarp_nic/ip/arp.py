@@ -11,7 +11,8 @@ Implements:
 
 Not implemented (documented limits): cache entries do not age out (RFC 1122 2.3.2.1 asks for a
 timeout; entries here are only overwritten, round-robin, when the cache is full and refreshed by
-the merge rule), and no packet is queued while resolving: the resolver's client waits.
+the merge rule). The resolver works for one address at a time and queues nothing itself: its
+client keeps the datagram that waits (:class:`.park.ParkedDatagram`, one at a time).
 """
 
 from amaranth import Cat, Module, Signal
@@ -30,7 +31,8 @@ BROADCAST = (1 << 48) - 1
 OP_REQUEST, OP_REPLY = 1, 2
 
 #: The counters of :class:`ArpEngine`, in port order.
-COUNTERS = ("rx_request", "rx_reply", "rx_bad", "tx_reply", "tx_request", "resolve_fail")
+COUNTERS = ("rx_request", "rx_reply", "rx_bad", "tx_reply", "reply_busy", "tx_request",
+            "resolve_fail")
 
 
 def check_params(**params):
@@ -53,20 +55,28 @@ class ArpEngine(wiring.Component):
     o_header : Out(HeaderStream(ETHERNET)); o_payload : Out(BeatStream(data_bytes, err=True))
         Frames to send: replies (to the requester's MAC) and requests (broadcast), 42 bytes each
         with no padding (the MAC pads to the minimum frame size).
+    lookup : In(stream.Signature(32))
+        A search of the cache for an IPv4 address, never waiting for the network: the transfer
+        completes in the cycle after it is offered (the search is registered), with
+        ``lookup_ok`` (found) and ``lookup_mac`` during that cycle. The payload must be held
+        stable.
     resolve : In(stream.Signature(32))
         A request to resolve an IPv4 address. The transfer completes (``ready`` high) when the
-        answer is known; during that cycle ``resolve_ok`` and ``resolve_mac`` hold it. A cache
-        hit completes in the cycle after it is offered (the cache search is registered). On a
-        miss a request is broadcast, and again every ``timeout`` cycles, ``retries`` times in
-        all; then the transfer completes with ``resolve_ok`` = 0 and ``resolve_fail`` counts
-        it. The payload must be held stable.
+        answer is known; during that cycle ``resolve_ok`` holds it. A cache hit completes in the
+        cycle after it is offered. On a miss a request is broadcast, and again every
+        ``timeout`` cycles, ``retries`` times in all, until the address is learned; then the
+        transfer completes with ``resolve_ok`` = 0 and ``resolve_fail`` counts it. The payload
+        must be held stable.
     mac, ip : In(48), In(32)
         Our addresses (configuration, expected static while traffic flows).
     <counter> : Out(32) for each name of :data:`COUNTERS`, wrapping.
 
-    Throughput: an ARP packet takes its beats plus two cycles; a packet that needs a reply waits
-    (back-pressure on ``i``) while the previous reply has not yet been handed to the TX side.
-    Latency: a reply is offered on ``o_header`` three cycles after the packet's last beat.
+    Throughput: an ARP packet takes its beats plus two cycles, whatever the TX side does: the
+    receive side never waits for it. A request for us that arrives while the previous reply
+    still waits to be sent is not answered (it is learned from and counted in ``rx_request``
+    as any other, and in ``reply_busy``); the requester asks again. One reply waits at most,
+    behind the frame being sent. Latency: a reply is offered on ``o_header`` three cycles after
+    the packet's last beat.
     """
 
     def __init__(self, data_bytes, *, entries=8, retries=3, timeout=1 << 20):
@@ -78,9 +88,11 @@ class ArpEngine(wiring.Component):
             "i": In(BeatStream(data_bytes, err=True)),
             "o_header": Out(HeaderStream(ETHERNET)),
             "o_payload": Out(BeatStream(data_bytes, err=True)),
+            "lookup": In(stream.Signature(32)),
+            "lookup_ok": Out(1),
+            "lookup_mac": Out(48),
             "resolve": In(stream.Signature(32)),
             "resolve_ok": Out(1),
-            "resolve_mac": Out(48),
             "mac": In(48),
             "ip": In(32),
         }
@@ -114,13 +126,15 @@ class ArpEngine(wiring.Component):
         victim = Signal(range(self.entries))
         next_victim = select(m, victim, [*range(1, self.entries), 0], len(victim), "next_victim")
 
-        def lookup(ip, name):
-            """(hit, mac) of ``ip`` in the cache, combinational."""
+        def lookup(ip, name, *, with_mac):
+            """(hit, mac) of ``ip`` in the cache, combinational (mac None unless asked for)."""
             hit = Signal(name=f"{name}_hit")
-            mac = Signal(48, name=f"{name}_mac")
+            mac = Signal(48, name=f"{name}_mac") if with_mac else None
             for k in range(self.entries):
                 with m.If(valid[k] & (ips[k] == ip)):
-                    m.d.comb += [hit.eq(1), mac.eq(macs[k])]
+                    m.d.comb += hit.eq(1)
+                    if with_mac:
+                        m.d.comb += mac.eq(macs[k])
             return hit, mac
 
         # --- RX: parse, wait for the end of the packet (err), then act --------------------------
@@ -169,46 +183,55 @@ class ArpEngine(wiring.Component):
         learning = Signal()                     # the cache may be written this cycle
         with rx.state("DECIDE"):
             drop = bad_end | ~well_formed
-            m.d.comb += hdr.ready.eq(drop | ~wants_reply | ~reply_pending)
-            with m.If(hdr.ready):
-                rx.goto("IDLE")
-                m.d.comb += decided_bad.eq(drop)
-                count("rx_request", ~drop & is_request)
-                count("rx_reply", ~drop & is_reply)
-                with m.If(~drop & has_sender):
-                    m.d.comb += learning.eq(1)
-                    # RFC 826 merge: update any entry for the sender, add one if for us.
+            m.d.comb += hdr.ready.eq(1)
+            rx.goto("IDLE")
+            m.d.comb += decided_bad.eq(drop)
+            count("rx_request", ~drop & is_request)
+            count("rx_reply", ~drop & is_reply)
+            with m.If(~drop & has_sender):
+                m.d.comb += learning.eq(1)
+                # RFC 826 merge: update any entry for the sender, add one if for us.
+                for k in range(self.entries):
+                    with m.If(learn_match[k]):
+                        m.d.sync += macs[k].eq(f.sender_mac)
+                with m.If(~learn_hit & for_us):
+                    slot = Signal(range(self.entries))
+                    m.d.comb += slot.eq(victim)
+                    with m.If(has_free):
+                        m.d.comb += slot.eq(free)
+                    with m.Else():
+                        m.d.sync += victim.eq(next_victim)
                     for k in range(self.entries):
-                        with m.If(learn_match[k]):
-                            m.d.sync += macs[k].eq(f.sender_mac)
-                    with m.If(~learn_hit & for_us):
-                        slot = Signal(range(self.entries))
-                        m.d.comb += slot.eq(victim)
-                        with m.If(has_free):
-                            m.d.comb += slot.eq(free)
-                        with m.Else():
-                            m.d.sync += victim.eq(next_victim)
-                        for k in range(self.entries):
-                            with m.If(eq(slot, k)):
-                                m.d.sync += [valid[k].eq(1), ips[k].eq(f.sender_ip),
-                                             macs[k].eq(f.sender_mac)]
-                with m.If(~drop & wants_reply):
-                    m.d.sync += [reply_pending.eq(1), reply_mac.eq(f.sender_mac),
-                                 reply_ip.eq(f.sender_ip)]
+                        with m.If(eq(slot, k)):
+                            m.d.sync += [valid[k].eq(1), ips[k].eq(f.sender_ip),
+                                         macs[k].eq(f.sender_mac)]
+            count("reply_busy", ~drop & wants_reply & reply_pending)
+            with m.If(~drop & wants_reply & ~reply_pending):
+                m.d.sync += [reply_pending.eq(1), reply_mac.eq(f.sender_mac),
+                             reply_ip.eq(f.sender_ip)]
 
-        # --- resolver ----------------------------------------------------------------------------
+        # --- lookup and resolver --------------------------------------------------------------
+        # Each search of an offered address is registered; it stands (`*_searched`) if the same
+        # address was offered in the previous cycle (payloads are held) and the cache was not
+        # written then.
+        def search(port, name, *, with_mac=False):
+            hit, mac = lookup(port.payload, name, with_mac=with_mac)
+            found = Signal(name=f"{name}_found")
+            searched = Signal(name=f"{name}_searched")
+            m.d.sync += [found.eq(hit),
+                         searched.eq(port.valid & ~port.ready & ~learning)]
+            return found, searched, mac
+
+        look_hit, look_searched, look_mac = search(self.lookup, "lookup", with_mac=True)
+        m.d.sync += self.lookup_mac.eq(look_mac)
+        m.d.comb += [self.lookup.ready.eq(self.lookup.valid & look_searched),
+                     self.lookup_ok.eq(look_hit)]
+
         req_pending = Signal()
         req_ip = Signal(32)
         tries = Signal(range(self.retries + 1))
         timer = Signal(range(self.timeout + 1))
-        # The search for the offered address is registered; it stands (`searched`) if the same
-        # request was offered in the previous cycle (its payload is held) and the cache was not
-        # written then.
-        found, found_mac = lookup(self.resolve.payload, "resolve")
-        res_hit = Signal()
-        searched = Signal()
-        m.d.sync += [res_hit.eq(found), self.resolve_mac.eq(found_mac),
-                     searched.eq(self.resolve.valid & ~self.resolve.ready & ~learning)]
+        res_hit, searched, _ = search(self.resolve, "resolve")
         resolver = Machine(m, ["IDLE", "WAIT"], "resolver_state")
         with resolver.state("IDLE"):
             with m.If(self.resolve.valid & searched):

@@ -16,7 +16,7 @@ from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..exact import Machine, add, eq, gt, lt, mask, ne, sub
+from ..exact import Machine, add, add_counts, eq, gt, lt, mask, ne, sub
 from ..hdrparse import HeaderEmitter, HeaderParser, HeaderStream
 from ..headers import ETHERNET, IPV4
 from ..stream import BeatLayout, BeatStream, SkidBuffer, check_data_bytes
@@ -116,7 +116,11 @@ class Ipv4Rx(wiring.Component):
         wiring.connect(m, parser.o_payload, parsed_skid.i)
         wiring.connect(m, header_skid.o, wiring.flipped(self.o_header))
         wiring.connect(m, payload_skid.o, wiring.flipped(self.o_payload))
-        count("rx_truncated", parser.drop)
+        # A datagram cut short is found by the parser (under 20 octets) or by the FSM below,
+        # possibly in one cycle for two datagrams: both are added.
+        cut_short = Signal()
+        m.d.sync += self.rx_truncated.eq(add_counts(m, self.rx_truncated,
+                                                    (parser.drop, cut_short), "rx_truncated_step"))
 
         # The header checksum, summed as the header's bytes go into the parser: `idx` counts the
         # beats of the packet up to the one completing the header, whose sum is judged and
@@ -195,8 +199,7 @@ class Ipv4Rx(wiring.Component):
                         m.d.comb += [oh.valid.eq(1), h.ready.eq(oh.ready)]
                         count("rx_delivered", oh.ready)
                 with m.Elif(~h.payload.has_payload):
-                    m.d.comb += h.ready.eq(1)
-                    count("rx_truncated", 1)
+                    m.d.comb += [h.ready.eq(1), cut_short.eq(1)]
                 with m.Else():
                     m.d.comb += [oh.valid.eq(1), h.ready.eq(oh.ready)]
                     count("rx_delivered", oh.ready)
@@ -215,7 +218,7 @@ class Ipv4Rx(wiring.Component):
                 with m.If(p.valid & o.ready):
                     m.d.sync += remaining.eq(sub(remaining, n))
                     with m.If(beat.last):
-                        count("rx_truncated", short)
+                        m.d.comb += cut_short.eq(short)
                         count("rx_frame_err", beat.err & ~short)
                         fsm.goto("IDLE")
         with fsm.state("TAIL"):
@@ -263,21 +266,29 @@ class Ipv4Tx(wiring.Component):
     o_header : Out(HeaderStream(ETHERNET)); o_payload : Out(BeatStream(data_bytes, err=True))
         The frame to send: Ethernet header (to the resolved MAC, EtherType 0x0800) and its
         payload, the 20-byte IPv4 header then the datagram's payload.
-    resolve : Out(stream.Signature(32)); resolve_ok, resolve_mac : In
-        The ARP resolver (:class:`.arp.ArpEngine`): a request per datagram. On failure the
-        datagram's payload is consumed and discarded and ``tx_unresolved`` counts it.
+    lookup : Out(stream.Signature(32)); lookup_ok, lookup_mac : In
+        The ARP cache (:class:`.arp.ArpEngine`), searched once per datagram; it never waits.
+    o_park_header : Out(stream.Signature(TxRequest)); o_park_payload : Out(BeatStream(..))
+    park_free : In(1)
+        A datagram whose destination is not in the cache goes to the park whole, to wait while
+        its address is resolved (:class:`.park.ParkedDatagram`, which offers it again); its
+        header is offered only while ``park_free`` (the park then takes it at once). If the
+        park keeps another, the datagram's payload is consumed and discarded and
+        ``tx_unresolved`` counts it.
     mac, ip : In(48), In(32)
         Our addresses.
     tx_sent, tx_unresolved : Out(32)
 
     Header fields: version 4, IHL 5, DSCP/ECN 0, identification a per-datagram counter, DF
     set, offset 0, TTL 64. Latency: from a request offered to an idle block with a cache hit to
-    its Ethernet and IPv4 headers offered, four cycles (the resolver's cache search is
-    registered, and the header checksum is summed over two register stages meanwhile).
-    Throughput: one beat per cycle within a datagram; the five cycles per datagram of request,
-    resolution and headers overlap the emitter's output of the previous datagram, so about one
-    cycle per datagram shows at the output. The payload stalls while the resolver waits.
-    Datagrams are sent in request order (a miss blocks the ones behind it).
+    its Ethernet and IPv4 headers offered, four cycles (the cache search is registered, and the
+    header checksum is summed over two register stages meanwhile). Throughput: one beat per
+    cycle within a datagram; the five cycles per datagram of request, lookup and headers
+    overlap the emitter's output of the previous datagram, so about one cycle per datagram
+    shows at the output. No datagram waits for the network: a miss is parked or discarded at
+    the payload's pace, and the datagrams behind it go on. Datagrams to one destination leave
+    in request order, except that a parked one may follow some sent after its address was
+    learned.
     """
 
     def __init__(self, data_bytes):
@@ -288,9 +299,12 @@ class Ipv4Tx(wiring.Component):
             "i_payload": In(BeatStream(data_bytes, err=True)),
             "o_header": Out(HeaderStream(ETHERNET)),
             "o_payload": Out(BeatStream(data_bytes, err=True)),
-            "resolve": Out(stream.Signature(32)),
-            "resolve_ok": In(1),
-            "resolve_mac": In(48),
+            "lookup": Out(stream.Signature(32)),
+            "lookup_ok": In(1),
+            "lookup_mac": In(48),
+            "o_park_header": Out(stream.Signature(TxRequest)),
+            "o_park_payload": Out(BeatStream(data_bytes, err=True)),
+            "park_free": In(1),
             "mac": In(48),
             "ip": In(32),
         }
@@ -336,27 +350,33 @@ class Ipv4Tx(wiring.Component):
             oh.payload.fields.src.eq(self.mac),
             oh.payload.fields.ethertype.eq(ETHERTYPE_IPV4),
             oh.payload.has_payload.eq(1),
-            self.resolve.payload.eq(req.dst),
+            self.lookup.payload.eq(req.dst),
             emitter.i_payload.payload.eq(self.i_payload.payload),
+            self.o_park_header.payload.eq(req),
+            self.o_park_payload.payload.eq(self.i_payload.payload),
         ]
 
-        fsm = Machine(m, ["IDLE", "RESOLVE", "SEND", "PASS", "DRAIN"], "fsm_state")
+        fsm = Machine(m, ["IDLE", "LOOKUP", "SEND", "PASS", "PARK", "DRAIN"], "fsm_state")
         with fsm.state("IDLE"):
             m.d.comb += self.i_header.ready.eq(1)
             m.d.sync += [eth_done.eq(0), ip_done.eq(0)]
             with m.If(self.i_header.valid):
                 m.d.sync += [req.eq(self.i_header.payload), summed.eq(0),
                              total_length.eq(add(self.i_header.payload.length, 20))]
-                fsm.goto("RESOLVE")
-        with fsm.state("RESOLVE"):
-            m.d.comb += self.resolve.valid.eq(1)
-            with m.If(self.resolve.ready):
-                with m.If(self.resolve_ok):
-                    m.d.sync += dst_mac.eq(self.resolve_mac)
+                fsm.goto("LOOKUP")
+        with fsm.state("LOOKUP"):
+            m.d.comb += self.lookup.valid.eq(1)
+            with m.If(self.lookup.ready):
+                with m.If(self.lookup_ok):
+                    m.d.sync += dst_mac.eq(self.lookup_mac)
                     fsm.goto("SEND")
                 with m.Else():
-                    count("tx_unresolved", 1)
-                    fsm.goto("DRAIN")
+                    m.d.comb += self.o_park_header.valid.eq(self.park_free)
+                    with m.If(self.park_free):
+                        fsm.goto("PARK")
+                    with m.Else():
+                        count("tx_unresolved", 1)
+                        fsm.goto("DRAIN")
         with fsm.state("SEND"):
             m.d.comb += [oh.valid.eq(~eth_done), ih.valid.eq(~ip_done & eq(summed, 2))]
             eth_now = eth_done | oh.ready
@@ -370,6 +390,12 @@ class Ipv4Tx(wiring.Component):
             m.d.comb += [emitter.i_payload.valid.eq(self.i_payload.valid),
                          self.i_payload.ready.eq(emitter.i_payload.ready)]
             with m.If(self.i_payload.valid & emitter.i_payload.ready
+                      & self.i_payload.payload.last):
+                fsm.goto("IDLE")
+        with fsm.state("PARK"):
+            m.d.comb += [self.o_park_payload.valid.eq(self.i_payload.valid),
+                         self.i_payload.ready.eq(self.o_park_payload.ready)]
+            with m.If(self.i_payload.valid & self.o_park_payload.ready
                       & self.i_payload.payload.last):
                 fsm.goto("IDLE")
         with fsm.state("DRAIN"):

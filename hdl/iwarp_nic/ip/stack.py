@@ -7,16 +7,18 @@ Implements (through its blocks): IEEE 802.3 / RFC 894 Ethernet II framing of IPv
 ::
 
   i ─ EthParser ─ Demux ─┬─ ArpEngine ──────────────────────────────┐
-                         └─ Ipv4Rx ─ Demux ─┬─ o_tcp_*              │ resolve
+                         │      lookup, resolve                     │
+                         └─ Ipv4Rx ─ Demux ─┬─ o_tcp_*              │
                                             └─ IcmpEcho ─┐          │
   i_tcp_* ──────────────────────────────── Arbiter ─ Ipv4Tx ─ Arbiter ─ EthEmitter ─ o
+                             ParkedDatagram ──┘   └─ miss ─┘
 """
 
 from amaranth import Module
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..exact import eq
+from ..exact import add_counts, eq
 from ..hdrparse import HeaderEmitter, HeaderParser, HeaderStream
 from ..headers import ETHERNET, IPV4
 from ..stream import BeatStream, check_data_bytes
@@ -26,6 +28,7 @@ from .arp import ETHERTYPE_ARP, ArpEngine
 from .icmp import PROTO_ICMP, IcmpEcho
 from .ipv4 import ETHERTYPE_IPV4, RX_COUNTERS, TX_COUNTERS, Ipv4Rx, Ipv4Tx, TxRequest
 from .mux import Arbiter, Demux
+from .park import ParkedDatagram
 
 __all__ = ["IpStack", "PROTO_TCP", "COUNTERS"]
 
@@ -74,13 +77,13 @@ class IpStack(wiring.Component):
     header is offered four cycles after the beat completing the IPv4 header (:class:`.Ipv4Rx`
     registers its ports and its checks); TX: the first frame beat leaves about seven cycles
     after a TCP request meets an idle stack and a cache hit.
-    Back-pressure: the TX path stalls while the resolver waits for an ARP reply
-    (``arp_timeout`` cycles per try, ``arp_retries`` tries). An echo request no longer waits
-    for TX (its reply is made whole in :class:`.IcmpEcho`'s buffer before it is offered), but
-    RX still does in two places: :class:`.ArpEngine` holds a request while its previous reply
-    waits to go out, and TCP above stops taking segments while its transmit queue is full.
-    With the resolver holding TX, the latter shuts RX, the awaited ARP reply included, until
-    the resolver gives up (a known fault: ``docs/architecture.md``, "ARP, IPv4, ICMP").
+    Back-pressure: no datagram waits for the network. One whose destination misses the ARP
+    cache is parked (:class:`.ParkedDatagram`, one at a time) while the resolver asks
+    (``arp_timeout`` cycles per try, ``arp_retries`` tries), or discarded and counted in
+    ``tx_unresolved`` if another is parked; the datagrams behind it go on. So TX stalls only
+    while the MAC takes frames, and RX waits for TX only in two bounded places:
+    :class:`.ArpEngine` holds a request while its previous reply waits to go out, and TCP above
+    stops taking segments while its transmit queue is full.
     """
 
     def __init__(self, data_bytes, *, arp_entries=8, arp_retries=3, arp_timeout=1 << 20):
@@ -111,7 +114,8 @@ class IpStack(wiring.Component):
         m.submodules.ip_rx = ip_rx = Ipv4Rx(n)
         m.submodules.ip_demux = ip_demux = Demux(HeaderStream(IPV4).members["payload"].shape, n, 2)
         m.submodules.icmp = icmp = IcmpEcho(n)
-        m.submodules.ip_arb = ip_arb = Arbiter(TxRequest, n, 2)
+        m.submodules.park = park = ParkedDatagram(n)
+        m.submodules.ip_arb = ip_arb = Arbiter(TxRequest, n, 3)
         m.submodules.ip_tx = ip_tx = Ipv4Tx(n)
         m.submodules.eth_arb = eth_arb = Arbiter(eth_shape, n, 2)
         m.submodules.eth_tx = eth_tx = HeaderEmitter(ETHERNET, n, err=True)
@@ -141,7 +145,11 @@ class IpStack(wiring.Component):
         with m.Elif(is_ip & eth_rx.o_header.payload.has_payload):
             m.d.comb += eth_demux.sel.eq(1)
         eth_take = eth_rx.o_header.valid & eth_rx.o_header.ready
-        count("eth_runt", eth_rx.drop | (eth_take & ~eth_rx.o_header.payload.has_payload))
+        # A frame under 14 octets (dropped by the parser) and a header-only one may end in one
+        # cycle: both are added.
+        m.d.sync += self.eth_runt.eq(add_counts(
+            m, self.eth_runt, (eth_rx.drop, eth_take & ~eth_rx.o_header.payload.has_payload),
+            "eth_runt_step"))
         count("eth_not_ours", eth_take & eth_rx.o_header.payload.has_payload & ~to_us
               & ~broadcast)
         count("eth_ethertype", eth_take & eth_rx.o_header.payload.has_payload
@@ -165,8 +173,8 @@ class IpStack(wiring.Component):
         wiring.connect(m, ip_demux.o_header[1], icmp.i_header)
         wiring.connect(m, ip_demux.o_payload[1], icmp.i_payload)
 
-        # TX: echo replies (whole in IcmpEcho's buffer, never an err) and TCP into IPv4, then
-        # ARP and IPv4 into Ethernet.
+        # TX: echo replies (whole in IcmpEcho's buffer, never an err), TCP, and the parked
+        # datagram once its address is known, into IPv4; then ARP and IPv4 into Ethernet.
         wiring.connect(m, icmp.o_header, ip_arb.i_header[0])
         reply, way = icmp.o_payload, ip_arb.i_payload[0]
         m.d.comb += [way.valid.eq(reply.valid), reply.ready.eq(way.ready),
@@ -175,10 +183,17 @@ class IpStack(wiring.Component):
                      way.payload.last.eq(reply.payload.last)]
         wiring.connect(m, wiring.flipped(self.i_tcp_header), ip_arb.i_header[1])
         wiring.connect(m, wiring.flipped(self.i_tcp_payload), ip_arb.i_payload[1])
+        wiring.connect(m, park.o_header, ip_arb.i_header[2])
+        wiring.connect(m, park.o_payload, ip_arb.i_payload[2])
         wiring.connect(m, ip_arb.o_header, ip_tx.i_header)
         wiring.connect(m, ip_arb.o_payload, ip_tx.i_payload)
-        wiring.connect(m, ip_tx.resolve, arp.resolve)
-        m.d.comb += [ip_tx.resolve_ok.eq(arp.resolve_ok), ip_tx.resolve_mac.eq(arp.resolve_mac)]
+        wiring.connect(m, ip_tx.lookup, arp.lookup)
+        m.d.comb += [ip_tx.lookup_ok.eq(arp.lookup_ok), ip_tx.lookup_mac.eq(arp.lookup_mac),
+                     ip_tx.park_free.eq(park.free)]
+        wiring.connect(m, ip_tx.o_park_header, park.i_header)
+        wiring.connect(m, ip_tx.o_park_payload, park.i_payload)
+        wiring.connect(m, park.resolve, arp.resolve)
+        m.d.comb += park.resolve_ok.eq(arp.resolve_ok)
         wiring.connect(m, arp.o_header, eth_arb.i_header[0])
         wiring.connect(m, arp.o_payload, eth_arb.i_payload[0])
         wiring.connect(m, ip_tx.o_header, eth_arb.i_header[1])
