@@ -1,10 +1,12 @@
 """One IPv4 datagram kept while the address of its next hop is resolved.
 
-Implements RFC 1122 section 2.3.2.2 (ARP packet queue): the link layer should save at least one
-(the latest) packet of each set to an unresolved address. Here one datagram in all is kept, the
-first to miss; a datagram that misses while it waits is discarded by :class:`.ipv4.Ipv4Tx`
-(counted in ``tx_unresolved``). RFC 1122 leaves the choice to the implementation; TCP's
-retransmission recovers what is discarded.
+Implements RFC 1122 section 2.3.2.2 (ARP packet queue), with a documented departure. The RFC
+says the link layer should save at least one packet, the latest, of each set sent to one
+unresolved address. Here one datagram in all is kept, and it is the first to miss: a datagram
+that misses while it waits is discarded by :class:`.ipv4.Ipv4Tx` (counted in
+``tx_unresolved``). One buffer bounds what forged sources can hold (each answer to one needs
+resolving), and keeping the first needs no second buffer to swap into; TCP's retransmission
+recovers what is discarded.
 """
 
 from amaranth import Module, Signal

@@ -7,11 +7,13 @@ Implements (through its blocks): IEEE 802.3 / RFC 894 Ethernet II framing of IPv
 ::
 
   i ─ EthParser ─ Demux ─┬─ ArpEngine ──────────────────────────────┐
-                         │      lookup, resolve                     │
                          └─ Ipv4Rx ─ Demux ─┬─ o_tcp_*              │
                                             └─ IcmpEcho ─┐          │
   i_tcp_* ──────────────────────────────── Arbiter ─ Ipv4Tx ─ Arbiter ─ EthEmitter ─ o
-                             ParkedDatagram ──┘   └─ miss ─┘
+                           ParkedDatagram ─┘            │ a miss
+                                  └─────────────────────┘
+
+Ipv4Tx looks each destination up in ArpEngine's cache; ParkedDatagram asks its resolver.
 """
 
 from amaranth import Module
@@ -81,9 +83,10 @@ class IpStack(wiring.Component):
     cache is parked (:class:`.ParkedDatagram`, one at a time) while the resolver asks
     (``arp_timeout`` cycles per try, ``arp_retries`` tries), or discarded and counted in
     ``tx_unresolved`` if another is parked; the datagrams behind it go on. So TX stalls only
-    while the MAC takes frames, and RX waits for TX only in two bounded places:
-    :class:`.ArpEngine` holds a request while its previous reply waits to go out, and TCP above
-    stops taking segments while its transmit queue is full.
+    while the MAC takes frames. RX waits for TX in one place only, at TX's pace: TCP above
+    stops taking segments while its transmit queue is full. An echo request's reply is made
+    whole in :class:`.IcmpEcho`'s buffer first, and an ARP request that finds the previous
+    reply still waiting is left unanswered (``arp_reply_busy``).
     """
 
     def __init__(self, data_bytes, *, arp_entries=8, arp_retries=3, arp_timeout=1 << 20):
