@@ -11,8 +11,10 @@
 #   make bitstream BOARD=ecpix5   a board bitstream with utilisation and timing report
 #   make siw-guest  the QEMU guest running Linux siw -> build/siw/<variant>/ (VARIANT=stock|crc|rev1|all)
 #   make interop    the simulated NIC against every siw build -> the README's interop matrix
-#   make fuzz       the full fuzz campaign: 10^6 mutated frames into a NIC carrying traffic
-#                   (FUZZ_FRAMES=n for another size; make test runs 8,000)
+#   make fuzz       the full fuzz campaigns: 10^6 mutated frames into a NIC carrying traffic
+#                   (FUZZ_FRAMES=n for another size; make test runs 8,000), and 7,000
+#                   attackers' FPDU streams, one FPDU mutated each (FUZZ_FPDU_CASES=n; make
+#                   test runs 280)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -24,6 +26,7 @@ SIM_ARGS ?=
 BENCH  ?=
 VARIANT ?= stock
 FUZZ_FRAMES ?= 1000000
+FUZZ_FPDU_CASES ?= 7000
 
 # cocotb, Verilator and the yowasp tools find themselves through these (see iwarp_tb.toolchain).
 RUN := $(PY) -m iwarp_tb.toolchain --
@@ -74,7 +77,8 @@ interop: $(STAMP)
 	$(PY) -m iwarp_tb.siw.matrix build/interop/junit.xml --readme README.md
 
 fuzz: $(STAMP)
-	IWARP_FUZZ_FRAMES=$(FUZZ_FRAMES) $(RUN) $(PY) -m pytest -n $(JOBS) -rA tb/nic/test_nic_fuzz.py
+	IWARP_FUZZ_FRAMES=$(FUZZ_FRAMES) IWARP_FPDU_FUZZ_CASES=$(FUZZ_FPDU_CASES) $(RUN) \
+		$(PY) -m pytest -n $(JOBS) -rA tb/nic/test_nic_fuzz.py tb/nic/test_nic_fpdu_fuzz.py
 
 clean:
 	rm -rf build

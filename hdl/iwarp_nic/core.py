@@ -114,6 +114,10 @@ class NicCore(wiring.Component):
                                                  "ack_with_data": True, **(tcp or {})})
         self._engine = ConnectionsEngine(data_bytes, conns=conns, stag_entries=stag_entries,
                                          pd_bits=pd_bits)
+        #: The longest ULPDU the receive path takes in: an FPDU whose ULPDU_Length is above it
+        #: ends its stream as soon as the length is read (a catastrophic error of the stream,
+        #: RFC 5040 section 7.1; the gather's ring holds one FPDU beside one TCP chunk).
+        self.max_rx_ulpdu = self._engine.max_ulpdu
         self._control = HostControl(data_bytes, conns=conns, cqs=cqs, srqs=srqs,
                                     pd_bits=pd_bits,
                                     stag_entries=stag_entries, ird_max=self._engine.ird_max,

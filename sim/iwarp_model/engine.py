@@ -69,7 +69,7 @@ from .verbs import QpState, SendFlags, WcStatus, WrOpcode
 from .wire import mpa
 from .wire.ddp import TAGGED_HEADER_SIZE, UNTAGGED_HEADER_SIZE
 from .wire.errors import WireError
-from .wire.fpdu import Deframer, Framer
+from .wire.fpdu import MAX_ULPDU, Deframer, Framer
 from .wire.rdmap import (
     AtomicOp,
     AtomicRequest,
@@ -173,7 +173,10 @@ class Connection:
     needs revision 2); ``private_data`` (initiator: in the Request; responder: in the Reply);
     ``emss`` (FPDUs are sized so one fits a TCP segment of this payload); ``auto_accept``
     (responder: False to stop in :attr:`ConnState.MPA_REQUEST_RECEIVED` for :meth:`accept` or
-    :meth:`reject`). IRD and ORD come from the QP (``max_dest_rd_atomic``, ``max_rd_atomic``).
+    :meth:`reject`); ``max_rx_ulpdu`` (the longest ULPDU this end takes in: an implementation's
+    buffer limit; a longer ULPDU_Length is a catastrophic error of the stream as soon as it is
+    read, RFC 5040 section 7.1; the NIC's is its placer's buffer). IRD and ORD come from the
+    QP (``max_dest_rd_atomic``, ``max_rd_atomic``).
 
     Callbacks (attributes, each optional): ``on_request(conn)``, ``on_established(conn)``,
     ``on_rejected(conn, reason)``, ``on_terminated(conn, terminate, local)``,
@@ -183,7 +186,8 @@ class Connection:
     def __init__(self, qp: QP, *, active: bool, revision: int = 2, crc: bool = False,
                  markers: bool = False, p2p: bool = False,
                  rtr: Iterable[Rtr] = (Rtr.WRITE,), private_data: bytes = b"",
-                 emss: int = DEFAULT_EMSS, auto_accept: bool = True):
+                 emss: int = DEFAULT_EMSS, auto_accept: bool = True,
+                 max_rx_ulpdu: int = MAX_ULPDU):
         if revision not in mpa.REVISIONS:
             raise ValueError(f"MPA revision {revision}: 1 or 2")
         if p2p and revision < 2:
@@ -206,7 +210,7 @@ class Connection:
         self.qp, self.active = qp, active
         self.revision, self.crc, self.markers, self.p2p = revision, crc, markers, p2p
         self.rtr_types, self.private_data, self.emss = rtr, bytes(private_data), emss
-        self.auto_accept = auto_accept
+        self.auto_accept, self.max_rx_ulpdu = auto_accept, max_rx_ulpdu
         qp.on_post = self._on_post
         self._table = qp.device.mr_table
         self.state = ConnState.IDLE
@@ -403,7 +407,8 @@ class Connection:
         tx = self.negotiated.tx_markers(initiator=self.active)
         rx = self.negotiated.rx_markers(initiator=self.active)
         self._framer = Framer(crc=self.negotiated.crc, markers=tx, emss=self.emss)
-        self._deframer = Deframer(crc=self.negotiated.crc, markers=rx)
+        self._deframer = Deframer(crc=self.negotiated.crc, markers=rx,
+                                  max_ulpdu=self.max_rx_ulpdu)
         self._max_untagged = self._framer.max_ulpdu - UNTAGGED_HEADER_SIZE
         self._max_tagged = self._framer.max_ulpdu - TAGGED_HEADER_SIZE
 

@@ -695,6 +695,18 @@ def test_bad_crc():
     assert _untouched(B)
 
 
+def test_ulpdu_above_what_the_receiver_takes():
+    """A ULPDU_Length above the receiver's ``max_rx_ulpdu`` ends the stream as soon as it is
+    read, before the rest of the FPDU comes (RDMAP catastrophic, no copies)."""
+    A, B, pair = connect(b={"max_rx_ulpdu": 200})
+    B.recv(1, 0, 400)
+    frame = A.conn._framer.frame(Segment(Opcode.SEND, b"x" * 300).encode())
+    B.conn.receive(frame[:4])
+    assert_terminated(A, B, pair, ErrorCode.RDMAP_CATASTROPHIC_STREAM)
+    assert B.conn.terminate_sent.ddp_header == b""
+    assert _untouched(B)
+
+
 def test_bad_marker():
     A, B, pair = connect(b={"markers": True})
     B.recv(1, 0, 2000)

@@ -81,6 +81,7 @@ def test_ddp_error_bytes():
     assert term.ddp_segment_length == len(SEND) and term.rdma_header == b""
     assert Terminate.decode(term.encode()) == term
     assert term.code is ErrorCode.DDP_UNTAGGED_INVALID_QN
+    assert term.error_bits == 0x1201 == int.from_bytes(term.encode()[:2], "big")
 
 
 def test_tagged_copy():

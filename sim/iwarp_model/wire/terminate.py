@@ -150,6 +150,12 @@ class Terminate:
     def code(self) -> ErrorCode | None:
         return ErrorCode.lookup(self.layer, self.etype, self.ecode)
 
+    @property
+    def error_bits(self) -> int:
+        """Layer, error type and error code as the Terminate Control's first 16 bits carry
+        them (RFC 5040 section 7.2), assigned or not."""
+        return self.layer << 12 | self.etype << 8 | self.ecode
+
     @classmethod
     def for_error(cls, code: ErrorCode, offending: bytes | None = None) -> "Terminate":
         """The Terminate reporting ``code`` about the DDP segment ``offending`` (if known).
