@@ -175,8 +175,8 @@ class Connection:
     (responder: False to stop in :attr:`ConnState.MPA_REQUEST_RECEIVED` for :meth:`accept` or
     :meth:`reject`); ``max_rx_ulpdu`` (the longest ULPDU this end takes in: an implementation's
     buffer limit; a longer ULPDU_Length is a catastrophic error of the stream as soon as it is
-    read, RFC 5040 section 7.1; the NIC's is its placer's buffer). IRD and ORD come from the
-    QP (``max_dest_rd_atomic``, ``max_rd_atomic``).
+    read, RFC 5040 section 7.1; the NIC's is its gather ring's: one FPDU beside a TCP
+    chunk). IRD and ORD come from the QP (``max_dest_rd_atomic``, ``max_rd_atomic``).
 
     Callbacks (attributes, each optional): ``on_request(conn)``, ``on_established(conn)``,
     ``on_rejected(conn, reason)``, ``on_terminated(conn, terminate, local)``,
