@@ -237,7 +237,7 @@ class IwarpEngine(wiring.Component):
         with m.If(term.o.valid):
             m.d.sync += ended.eq(1)
         latched = _first_violations(m, [rx.o_fault, resp.o_fault, neg.o_fault], rx.o_error,
-                                    tx.i_terminate, self.o_fault, None)
+                                    tx.i_terminate, self.o_fault, None, reached=rx.bad_fpdu)
         with m.If(latched):
             m.d.sync += ended.eq(1)
 
@@ -455,7 +455,9 @@ class ConnectionsEngine(wiring.Component):
 
         # Each connection's first violation: its Terminate; a reopened slot may have one again.
         _first_violations(m, [rx.o_fault, resp.o_fault], rx.o_error, tx.i_terminate,
-                          self.o_fault, self.conns, cleared=opened, cleared_conn=open_payload.conn)
+                          self.o_fault, self.conns, reached=rx.bad_fpdu,
+                          reached_conn=rx.bad_fpdu_conn, cleared=opened,
+                          cleared_conn=open_payload.conn)
         return m
 
 
@@ -528,14 +530,34 @@ def _forward_segments(m, rx, resp, term, data_bytes):
     wiring.connect(m, octets.o, term.i)
 
 
-def _first_violations(m, faults, deframer, terminate, report, conns, *, cleared=None,
-                      cleared_conn=None):
+def _first_violations(m, faults, deframer, terminate, report, conns, *, reached,
+                      reached_conn=None, cleared=None, cleared_conn=None):
     """Each stream's first violation of ``faults`` (streams of ``Violation``, first the most
     urgent) and ``deframer`` (its error events): its Terminate request to ``terminate`` (RFC
     5040 section 7.1: queue 2, MSN 1) and the violation on ``report``; a stream's later ones
     are dropped, until ``cleared`` names it (``cleared_conn``). ``conns`` None: one stream.
     One violation at a time: the others wait while one's Terminate and report are taken.
+
+    The deframer finds a bad FPDU before the placer has decided the segments ahead of it, and
+    one of those may be the stream's first violation. So a deframer event is held (and the
+    deframer's next waits) until ``reached`` pulses for its stream (``reached_conn``): the
+    placer has come to the bad FPDU, and an earlier segment's fault is offered by then.
     Returns the signal that is 1 in the cycle a stream's first violation is taken."""
+    holding, kept = Signal(), Signal(deframer.payload.shape())
+    arrived = Signal(1 if conns is None else conns)     # the placer reached the bad FPDU
+    with m.If(reached):
+        m.d.sync += arrived.bit_select(0 if conns is None else reached_conn, 1).eq(1)
+    m.d.comb += deframer.ready.eq(~holding)
+    with m.If(deframer.valid & ~holding):
+        m.d.sync += [holding.eq(1), kept.eq(deframer.payload)]
+    kept_conn = 0 if conns is None else kept.conn
+    reached_kept = arrived if conns is None else select(m, kept_conn, list(arrived), 1,
+                                                        "reached_kept")
+    held = stream.Signature(deframer.payload.shape()).flip().create()
+    m.d.comb += [held.payload.eq(kept), held.valid.eq(holding & reached_kept)]
+    with m.If(held.valid & held.ready):
+        m.d.sync += [holding.eq(0), arrived.bit_select(kept_conn, 1).eq(0)]
+    deframer = held
     first = Signal(with_conn(Violation, conns))
     to_send, to_report = Signal(), Signal()
     busy = to_send | to_report

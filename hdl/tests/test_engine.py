@@ -145,7 +145,9 @@ def host_memory(dut, n, span):
     return [places, reads, atomics]
 
 
-def simulate(n, *, initiator, p2p, seed, count=12, bad=None, rtr=Rtr.WRITE):
+def simulate(n, *, initiator, p2p, seed, count=12, bad=None, rtr=Rtr.WRITE, trailer=b""):
+    """The run of :func:`model_run`'s work through the gateware end (``trailer``: octets
+    sent right behind the peer's first FPDUs, which the model run does not see)."""
     rng = random.Random(seed)
     gw_opts, peer_opts = options(rng, p2p=p2p, rtr=rtr), options(rng, p2p=p2p, rtr=rtr)
     conn, mirror, copy, mine, theirs, my_recvs, their_recvs = model_run(
@@ -233,6 +235,8 @@ def simulate(n, *, initiator, p2p, seed, count=12, bad=None, rtr=Rtr.WRITE):
                 await ctx.tick()
                 continue
             state["quiet"] = 0
+            if state["established"] and not state.get("trailed"):
+                data, state["trailed"] = data + trailer, True
             await send_packets(bus, StreamPort.amaranth(dut.i), tcp_chunks(r, data), n,
                                rng=r, idle=0.1)
 
@@ -296,6 +300,15 @@ def test_terminate(bad):
     parser with its code and header copy."""
     # The sender of the bad Write is the Initiator: a Responder sends nothing first.
     simulate(8, initiator=bad == "ours", p2p=False, seed=30, count=0, bad=bad)
+
+
+def test_terminate_in_stream_order():
+    """The peer's Write under a wrong key, and right behind it an FPDU whose ULPDU_Length
+    is above any the gateware takes: the deframer finds the length error while the placer
+    is still looking the Write's STag up, yet the Terminate is the model's, the Write's
+    (the first violation in the stream, RFC 5044 section 8 and RFC 5040 section 7)."""
+    simulate(8, initiator=False, p2p=False, seed=30, count=0, bad="peer",
+             trailer=b"\xff\xff" + bytes(30))
 
 
 class Side:

@@ -138,15 +138,16 @@ def error_monitor(dut, got, done, seed, stall, decode):
 
 def check(n, stream, *, crc, markers, max_ulpdu=0xFFFF, seed=0, **kw):
     ulpdus, kind = oracle(stream, crc=crc, markers=markers, max_ulpdu=max_ulpdu)
-    bad_packet = kind in (ErrorKind.CRC, ErrorKind.MARKER)
     packets, events, extra = simulate(
         n, stream, crc=crc, markers=markers, max_ulpdu=max_ulpdu,
-        expect_packets=len(ulpdus) + bad_packet, expect_event=kind, seed=seed, **kw)
+        expect_packets=len(ulpdus) + (kind is not None), expect_event=kind, seed=seed, **kw)
     for k, ulpdu in enumerate(ulpdus):
         assert bytes(packets[k]) == len(ulpdu).to_bytes(2, "big") + ulpdu, f"ULPDU {k}"
         assert not packets[k].err, f"ULPDU {k}"
-    if bad_packet:
+    if kind is not None:
         assert packets[-1].err, "the bad FPDU's packet must end with err"
+    if kind is ErrorKind.LENGTH:
+        assert len(packets[-1]) == 1, "an oversize FPDU's packet is one octet"
     assert events == ([kind] if kind else []), events
     assert extra == [], "a packet after the expected ones"
     return ulpdus, kind
@@ -395,8 +396,7 @@ def incarnation(rng, conn, first_piece, fault):
             if k < len(ulpdus):
                 expect.append((conn, len(ulpdus[k]).to_bytes(2, "big") + ulpdus[k], False))
             elif kind is not None:
-                if kind is not ErrorKind.LENGTH:
-                    expect.append((conn, None, True))
+                expect.append((conn, None, True))
                 events.append((conn, kind))
         pieces.append((header, bytes(stream[lo:hi]), expect, events))
     return pieces

@@ -226,6 +226,10 @@ class SegmentPlacer(wiring.Component):
         deframer's to report) or a Terminate request. Nothing is placed or forwarded after it;
         payloads are drained. A receive taken for a message that then failed without its own
         completion (an MSN, MO or invalidation error after it) is left to the host's flush.
+    bad_fpdu : Out(1)
+        A cycle's pulse when the FPDU the deframer marked bad is decided: every segment before
+        it has been checked, and any Terminate request of theirs offered on ``o_fault``. The
+        deframer's error event waits for it, so errors are reported in stream order.
 
     A zero-length Write places nothing and is not looked up (the model returns early too); an
     empty Send places nothing but completes its receive.
@@ -268,6 +272,8 @@ class SegmentPlacer(wiring.Component):
         next question. These replace ``i_outstanding``.
     o_complete, o_read_done, o_fault, o_header :
         As for one stream, each with the ``conn`` it is about (:func:`with_conn`).
+    bad_fpdu_conn : Out(conn_bits(conns))
+        The connection of the ``bad_fpdu`` pulse.
 
     ``dead`` is then each connection's own, in its context: a connection that failed places
     nothing more while the others go on, until ``i_open`` makes its context afresh.
@@ -312,8 +318,11 @@ class SegmentPlacer(wiring.Component):
             "o_header": Out(stream.Signature(with_conn(SegmentHeader, conns))),
             "o_payload": Out(BeatStream(data_bytes)),
         })
+        ports["bad_fpdu"] = Out(1)
         if conns is None:
             ports["dead"] = Out(1)
+        else:
+            ports["bad_fpdu_conn"] = Out(conn_bits(conns))
         super().__init__(ports)
 
     def elaborate(self, platform):
@@ -578,6 +587,9 @@ class SegmentPlacer(wiring.Component):
                     stage.goto("TAKE")
                     with m.If(hdr.fpdu_bad):
                         m.d.sync += dead.eq(1)
+                        m.d.comb += self.bad_fpdu.eq(1)
+                        if tagged:
+                            m.d.comb += self.bad_fpdu_conn.eq(hdr.conn)
                     with m.Elif(~hdr.ok & ~dead):
                         report(hdr.code)
                     forward = hdr.ok & ~dead & ~eq(hdr.opcode, _WRITE)

@@ -69,7 +69,11 @@ class StreamReceiver(wiring.Component):
     o_fault : Out(stream.Signature(Violation))
         The Terminate request for the first violation found after the FPDU layer.
     o_error : Out(stream.Signature(ErrorKind))
-        The deframer's event for a bad FPDU (CRC, marker, length).
+        The deframer's event for a bad FPDU (CRC, marker, length), offered when the deframer
+        finds it, which may be before the placer has decided the segments ahead of it.
+    bad_fpdu : Out(1)
+        A cycle's pulse when the placer reaches the bad FPDU (:class:`~.placement.SegmentPlacer`):
+        a Terminate request of an earlier segment is on ``o_fault`` by then.
     o_header, o_payload : Out
         The other good segments, for the RDMAP stages.
 
@@ -102,7 +106,7 @@ class StreamReceiver(wiring.Component):
             "o_complete": Out(stream.Signature(placement.ReceiveCompletion)),
             "o_read_done": Out(stream.Signature(placement.ReadDone)),
             "o_fault": Out(stream.Signature(Violation)),
-            "o_error": Out(stream.Signature(ErrorKind)),
+            "o_error": Out(stream.Signature(ErrorKind)), "bad_fpdu": Out(1),
             "o_header": Out(stream.Signature(SegmentHeader)),
             "o_payload": Out(BeatStream(data_bytes)),
         })
@@ -121,7 +125,8 @@ class StreamReceiver(wiring.Component):
                      else Mux(gt(self.max_ulpdu, limit), limit, self.max_ulpdu))
         m.d.comb += [deframer.crc.eq(self.crc), deframer.markers.eq(self.markers),
                      deframer.max_ulpdu.eq(max_ulpdu), placer.pd.eq(self.pd),
-                     placer.receive_pending.eq(self.receive_pending)]
+                     placer.receive_pending.eq(self.receive_pending),
+                     self.bad_fpdu.eq(placer.bad_fpdu)]
         wiring.connect(m, wiring.flipped(self.i), deframer.i)
         wiring.connect(m, deframer.o, parser.i)
         wiring.connect(m, deframer.o_error, wiring.flipped(self.o_error))
@@ -175,8 +180,9 @@ class ConnectionsPlacer(wiring.Component):
         Checks of the table for the request responder (its PD in each), taking turns with the
         placer's (:class:`~.stag.LookupArbiter`), answered in order.
     o_ask_receive, i_receive, o_place, o_data, o_complete, o_read_done, o_fault, o_header,
-    o_payload :
-        The several-connection placer's.
+    o_payload, bad_fpdu, bad_fpdu_conn :
+        The several-connection placer's (``bad_fpdu``: it reached a connection's bad FPDU,
+        whose deframing error the engine then reports).
 
     Throughput and latency: the parser's and the placer's, and a cycle of the register slice
     between the RTR check and the placer (two cycles more for a segment whose connection
@@ -256,7 +262,8 @@ class ConnectionsReceiver(wiring.Component):
         the startup frames, a connection's deframing failure (its FPDUs then stop, and so does
         its placement, without a Terminate request of the placer's).
     i_open, o_started, i_push, count_conn, count, i_write, i_check, o_check, o_ask_receive,
-    i_receive, o_place, o_data, o_complete, o_read_done, o_fault, o_header, o_payload :
+    i_receive, o_place, o_data, o_complete, o_read_done, o_fault, o_header, o_payload,
+    bad_fpdu, bad_fpdu_conn :
         The :class:`ConnectionsPlacer`'s (``i_open`` before the connection's ``FPDUS``).
 
     The placer's payload FIFO holds ``ring_bytes`` octets, more than the largest ULPDU the
@@ -312,7 +319,7 @@ def _share_lookups(m, receiver, placer, table):
 
 #: The placer's ports a :class:`ConnectionsPlacer` passes through.
 _PLACER_PORTS = ("o_ask_receive", "i_receive", "o_place", "o_data", "o_complete",
-                 "o_read_done", "o_fault", "o_header", "o_payload")
+                 "o_read_done", "o_fault", "o_header", "o_payload", "bad_fpdu", "bad_fpdu_conn")
 #: The ports a :class:`ConnectionsReceiver` passes through: the MpaReceiver's, and the
 #: ConnectionsPlacer's but its input.
 _MPA_PORTS = ("i_header", "i", "i_cmd", "o_startup_header", "o_startup", "o_error")

@@ -16,7 +16,9 @@ gives one error event, as the model's :class:`iwarp_model.wire.fpdu.Deframer` ra
 order: a ULPDU_Length above ``max_ulpdu`` as soon as the field is read; else, at the FPDU's end, a
 CRC mismatch before a marker mismatch. The bad FPDU's packet ends with ``err`` (a
 :class:`~iwarp_nic.fifo.PacketFifo` behind rolls it back) and every later octet of the stream is
-thrown away.
+thrown away. The bad FPDU always gives a packet, if only one octet long (an oversize one), so
+that what follows the deframer meets the error in stream order: the engine reports the error
+when its placer reaches that packet, after every segment before it.
 
 :class:`FpduDeframer` is four stages in a row, on beats of at least 4 bytes (narrower streams are
 gathered into 4-byte beats first and spread out again after):
@@ -667,8 +669,10 @@ class StreamVerdict(wiring.Component):
     i : In(stream.Signature(LogicalBeat(data_bytes)))
         From :class:`MarkerRemover`.
     o : Out(BeatStream(data_bytes, err=True))
-        The packets of ``i`` (verdict-only beats left out), ``err`` on the last beat of the
-        first bad one, nothing after it.
+        The packets of ``i``, ``err`` on the last beat of the first bad one, nothing after it.
+        A verdict-only beat (``keep`` 0) is left out when good; when bad it goes on as a last
+        beat of one octet, so every bad FPDU ends in an ``err`` beat that a parser behind sees
+        (an oversize FPDU becomes a packet of one octet, too short to parse).
     o_error : Out(stream.Signature(ErrorKind))
         One transfer at the first bad FPDU: ``LENGTH`` for ``oversize``, else ``CRC`` for
         ``crc_bad``, else ``MARKER``.
@@ -714,9 +718,10 @@ class StreamVerdict(wiring.Component):
             m.d.sync += err.valid.eq(0)
         m.d.comb += self.i.ready.eq(failed_now | free)
         with m.If(self.i.valid & ~failed_now & free):
-            with m.If(~is_zero(beat.keep)):
+            with m.If(~is_zero(beat.keep) | bad):
                 m.d.sync += [out.valid.eq(1), out.payload.data.eq(beat.data),
-                             out.payload.keep.eq(beat.keep), out.payload.last.eq(beat.last),
+                             out.payload.keep.eq(Mux(is_zero(beat.keep), 1, beat.keep)),
+                             out.payload.last.eq(beat.last),
                              out.payload.err.eq(bad), *beat_out]
             m.d.sync += record.eq(bad)
             with m.If(bad):
@@ -737,7 +742,8 @@ class FpduDeframer(wiring.Component):
     o : Out(BeatStream(data_bytes, err=True))
         One packet per FPDU: its ULPDU_Length field and ULPDU (so a ULPDU of 0 octets is a
         2-byte packet), exactly the model's ``Deframer`` ULPDU behind its length field.
-        ``err`` on the last beat of the first bad FPDU; nothing after it.
+        ``err`` on the last beat of the first bad FPDU, which is always there (an oversize
+        FPDU's packet is one meaningless octet); nothing after it.
     o_error : Out(stream.Signature(ErrorKind))
         One transfer at the first bad FPDU (see :class:`StreamVerdict`).
 
