@@ -11,10 +11,9 @@ loss; MPA (RFC 5044 section 4.1) finds its FPDUs in any segmentation. Splitting 
 in two, at an offset one further each time, cuts FPDUs at every offset of their MPA length,
 DDP and RDMAP headers and CRC; resegmenting to 97 octets cuts every full segment into 16.
 
-The NICs here have the TCP timers scaled down (:class:`~iwarp_tb.tcprig.NicTimers`: a
-0.5 ms minimum retransmission timeout), a NicCore built for them. Each case checks that its
-impairment happened both ways and that each NIC saw it: retransmissions after losses,
-checksum drops after corruption, more segments taken than were sent after cutting.
+The NICs here have the TCP timers scaled down (:data:`iwarp_tb.impairment.CORE`). Each
+case checks that its impairment happened both ways and that each NIC saw it
+(:func:`~iwarp_tb.impairment.check_seen`).
 """
 
 import random
@@ -22,14 +21,9 @@ import random
 import pytest
 
 from iwarp_tb import model_run
+from iwarp_tb.impairment import CORE, check_seen
 from iwarp_tb.model_run import Ends
-from iwarp_tb.tcprig import CLOCK_HZ, NicTimers
 from iwarp_tb.traffic import End
-
-#: The NicCore of these tests: RFC 6298's timers scaled down further than the TCP tests'
-#: (a retransmission timeout of 0.5 ms at least, still ten round trips here), since the
-#: simulation runs some 20,000 cycles a second and losses at the end of the work wait for it.
-CORE = {"tcp": NicTimers(rto_initial=0.001, rto_min=0.0005).engine_params(CLOCK_HZ[8])}
 
 #: Each case: the Link impairments (both ways), the work requests each way, and the longest
 #: message.
@@ -48,18 +42,6 @@ CASES = {
 #: The cases run between two NICs.
 NIC_CASES = ("loss-5%", "corrupt", "split", "resegment-97", "everything")
 
-#: The Link counter each impairment moves.
-COUNTED = {"loss": "lost", "reorder": "reordered", "duplicate": "duplicated",
-           "corrupt": "corrupted", "split": "split", "resegment": "resegmented"}
-
-#: Split every segment, each way: the offsets the cuts must cover. A NIC's segment starts
-#: with an FPDU, whose MPA, DDP and RDMAP headers end by octet 48 (a Read Request's): every
-#: offset in them, and in the CRC of every FPDU of up to 99 octets.
-SPLIT_COVERS = set(range(1, 100))
-
-#: The NIC's counters of received frames whose checksums failed.
-CHECKSUM_DROPS = ("ip_rx_bad_checksum", "tcp_rx_front_bad_checksum", "ip_icmp_bad_checksum")
-
 
 def work_for(case, seed):
     """The case's oracle ends and work: every opcode both ways."""
@@ -77,19 +59,8 @@ def check(case, result):
     print(f"{case}: {result.cycles} cycles; wire {dict(links['to_nic'].counters)} to the "
           f"NIC, {dict(links['to_peer'].counters)} to the peer")
     assert result.errors == []
-    for way, link in links.items():
-        for impairment in impair:
-            assert link.counters[COUNTED[impairment]] > 0, f"{way}: no {impairment}"
-        if impair.get("split") == 1.0:
-            assert SPLIT_COVERS <= link.split_offsets, f"{way}: not cut at every offset"
-    for end, nic in result.nic_counters.items():
-        taken = links["to_nic" if end == "nic" else "to_peer"].counters
-        if "loss" in impair:
-            assert nic["tcp_retransmits"] + nic["tcp_fast_retransmits"] > 0, end
-        if "corrupt" in impair:
-            assert sum(nic[name] for name in CHECKSUM_DROPS) > 0, end
-        if "split" in impair or "resegment" in impair:
-            assert nic["tcp_rx_segments"] > taken["sent"], end
+    check_seen(impair, links, {"to_nic" if end == "nic" else "to_peer": counters
+                               for end, counters in result.nic_counters.items()})
 
 
 @pytest.mark.cocotb

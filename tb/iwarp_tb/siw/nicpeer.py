@@ -19,16 +19,24 @@ the simulation runs ``slice_cycles`` cycles, the driver services the NIC's event
 frames the NIC sent go to the guest; then the task yields. The NIC's clock is simulated (its
 TCP timers run in cycles), the guest's is real: the NIC simply answers more slowly than a real
 one, some 60 000 cycles per second of this machine at 8 bytes. Every frame both ways is
-written to the capture, with wall-clock timestamps.
+written to the capture, with wall-clock timestamps, as its sender sent it.
+
+With ``impair`` (:class:`~iwarp_model.transport.impair.Link` arguments), each way of the
+wire goes through a Link of its own that loses, reorders, duplicates, corrupts or cuts frames
+(``links``: ``"to_nic"``, ``"to_guest"``, with their counters). Its delays run in wall time,
+the guest's clock; a NIC for such a wire needs its TCP timers scaled to the simulation's speed
+(``core``: :data:`iwarp_tb.impairment.CORE`).
 """
 
 import asyncio
 import contextlib
+import random
 import time
 
 from iwarp_model.apps import Buffer
 from iwarp_model.mr import Access
 from iwarp_model.pcap import PcapWriter
+from iwarp_model.transport.impair import Link
 from iwarp_model.verbs import QpState
 
 from ..driver import HostBytes
@@ -74,12 +82,15 @@ class NicPeer:
     path, ``seed`` the NIC's TCP keys.
 
     :meth:`attached` (an async context manager), or :meth:`start` and :meth:`close`, put it on
-    a guest's netdev.
+    a guest's netdev. ``impair``: the Link arguments of both ways of the wire (their random
+    draws from ``seed``); ``core``: NicCore parameters.
     """
 
-    def __init__(self, pcap, *, width=8, seed=1, slice_cycles=1000):
+    def __init__(self, pcap, *, width=8, seed=1, slice_cycles=1000, impair=None, core=None):
         self.pcap_path, self.slice_cycles = pcap, slice_cycles
-        self.h, self.device = one_nic(width, ip=NIC_IP, mac=NIC_MAC, seed=seed)
+        self.impair, self.seed = impair, seed
+        self.h, self.device = one_nic(width, ip=NIC_IP, mac=NIC_MAC, seed=seed, **(core or {}))
+        self.links = {}
         self.netdev = self.pcap_writer = None
         self._tasks = []
         self.frames = {"in": 0, "out": 0}
@@ -99,6 +110,12 @@ class NicPeer:
         while QEMU comes up) and start running the NIC."""
         self.netdev = await connect_netdev(port, timeout)
         self.pcap_writer = PcapWriter(self.pcap_path)
+        if self.impair:
+            self.links = {way: Link(deliver, clock=time.monotonic,
+                                    rng=random.Random(self.seed + k), **self.impair)
+                          for k, (way, deliver) in enumerate((
+                              ("to_nic", self.h.send_frame),
+                              ("to_guest", self.netdev.send_frame)))}
         inbox = asyncio.Queue()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._receive(inbox)), loop.create_task(self._run(inbox))]
@@ -110,11 +127,15 @@ class NicPeer:
 
     async def _run(self, inbox):
         h, device = self.h, self.device
+        to_nic = self.links["to_nic"].send if self.links else h.send_frame
+        to_guest = self.links["to_guest"].send if self.links else self.netdev.send_frame
         while True:
+            for link in self.links.values():
+                link.poll()
             while not inbox.empty():
                 frame = inbox.get_nowait()
                 self.pcap_writer.write(frame, round(time.time() * 1e9))
-                h.send_frame(frame)
+                to_nic(frame)
                 self.frames["in"] += 1
             device.service()
             h.run(self.slice_cycles)
@@ -123,7 +144,7 @@ class NicPeer:
                 if frame.err:
                     raise AssertionError(f"the NIC sent a bad frame: {frame.reasons}")
                 self.pcap_writer.write(bytes(frame), round(time.time() * 1e9))
-                self.netdev.send_frame(bytes(frame))
+                to_guest(bytes(frame))
                 self.frames["out"] += 1
             try:
                 await self.netdev.writer.drain()
