@@ -44,7 +44,7 @@ from ..nicmodel import one_nic
 from ..tcprig import ip_int
 from .guest import connect_netdev
 
-__all__ = ["NicPeer", "NicHost", "NIC_IP", "NIC_MAC"]
+__all__ = ["NicPeer", "NicHost", "NicCm", "NIC_IP", "NIC_MAC"]
 
 NIC_IP = "169.254.1.1"
 NIC_MAC = "02:00:a9:fe:01:01"
@@ -219,3 +219,68 @@ class NicPeer:
         if self.h is not None:
             self.h.close()
             self.h = None
+
+
+class _NicAttached:
+    """A connected :class:`NicHost` for :mod:`iwarp_model.perftest`: :meth:`close` closes
+    its TCP connection in order, :meth:`closed` returns once the connection has ended (the
+    queue pair has left RTS: the peer's FIN or RST, or its own close completed)."""
+
+    def __init__(self, host):
+        self.host = host
+
+    def close(self):
+        if self.host.qp.state == QpState.RTS:
+            self.host.qp.disconnect()
+
+    async def closed(self):
+        while self.host.qp.state == QpState.RTS:
+            await asyncio.sleep(0.01)
+
+
+class _NicListener:
+    """Connections to ``port`` on the NIC: each :meth:`accept` makes a host, calls
+    ``prepare`` on it and has its queue pair listen on the port at once (the NIC listens
+    per queue pair), returning a future of the connected host."""
+
+    def __init__(self, nic, port, options):
+        self.nic, self.port, self.options = nic, port, options
+        self._accepting = set()
+
+    def accept(self, *, prepare, **resources):
+        host = self.nic.host(**resources)
+        prepare(host)
+        task = asyncio.ensure_future(self._accepted(host))
+        self._accepting.add(task)
+        task.add_done_callback(self._accepting.discard)
+        return task
+
+    async def _accepted(self, host):
+        await self.nic.accept(host.qp, self.port, **self.options)
+        return _NicAttached(host)
+
+    def close(self):
+        """Stop waiting for connections no one has made yet."""
+        for task in list(self._accepting):
+            task.cancel()
+
+
+class NicCm:
+    """:mod:`iwarp_model.perftest`'s connection manager on a :class:`NicPeer`: connections
+    to ``remote_ip`` with MPA ``options`` (as :meth:`~iwarp_tb.driver.NicQp.connect`'s, for
+    a listener :meth:`~iwarp_tb.driver.NicQp.listen`'s), each returned ``settle`` seconds
+    after it reached RTS (Linux 6.1's siw responder may miss an FPDU that follows its Reply
+    within milliseconds: docs/siw.md)."""
+
+    def __init__(self, nic, remote_ip, *, options=None, settle=0.2, timeout=30.0):
+        self.nic, self.remote_ip, self.options = nic, remote_ip, dict(options or {})
+        self.settle, self.timeout = settle, timeout
+
+    async def connect(self, port, *, prepare, **resources):
+        host = await self.nic.connect(self.remote_ip, port, prepare=prepare,
+                                      options=self.options, timeout=self.timeout, **resources)
+        await asyncio.sleep(self.settle)
+        return _NicAttached(host)
+
+    def listen(self, port):
+        return _NicListener(self.nic, port, self.options)
