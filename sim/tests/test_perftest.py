@@ -4,7 +4,7 @@ siw), for write, read and send: the data moved (the server's buffer after write_
 client's after read_bw, the last Send and the credits of send_bw; 700 Sends need the credit
 Writes, the window being 512), the report reached the server, and every comm message has the
 size and layout perftest 4.5-0.17 uses (checked on the wire: the Sends of the comm connection
-decoded from the frames)."""
+decoded from the frames), and tshark reads the capture as perftest's."""
 
 import asyncio
 import random
@@ -15,12 +15,14 @@ import pytest
 
 from iwarp_model import perftest
 from iwarp_model.apps import pattern
+from iwarp_model.pcap import PcapWriter
 from iwarp_model.transport.frames import FrameEndpoint, run_stack
 from iwarp_model.transport.rawtcp import RawStack
 from iwarp_model.wire.fpdu import fpdu_length
 from iwarp_model.wire.mpa import HEADER_SIZE
 from iwarp_model.wire.net import ETHERTYPE_IPV4, EthernetFrame, IPv4Packet, TcpSegment
 from iwarp_model.wire.rdmap import Opcode, decode_segment
+from iwarp_tb.siw.perfcheck import check_capture, credits
 
 CLIENT_IP, SERVER_IP = "169.254.7.1", "169.254.7.2"
 
@@ -135,9 +137,7 @@ def test_client_against_server(op, size, iters):
             assert result.buffer.memory[offset:offset + size] == data[offset:offset + size]
     if op == "send":
         assert served.report is None and served.received == iters
-        depth = perftest.rx_depth(iters)
-        assert served.credits == sum((n % depth) % (depth // 3) == 0
-                                     for n in range(1, iters + 1))
+        assert served.credits == credits(iters)
         last = touched[(iters - 1) % len(touched)]  # the slot of the last message
         assert bytes(served.buffer.memory) == pattern(region, 9)[last:last + size]
     if op != "send":  # the client's handshake names its data buffer
@@ -162,6 +162,20 @@ def test_client_against_server(op, size, iters):
         assert struct.unpack(">d", r4)[0] == result.report.bw_avg
         assert struct.unpack(">d", r5)[0] == result.report.msg_rate
         assert struct.unpack(">d", r3)[0] == result.report.bw_peak
+
+
+@pytest.mark.tshark
+@pytest.mark.parametrize("op", perftest.OPS)
+def test_capture_read_by_tshark(op, tmp_path):
+    """tshark reads the run's frames as perftest's: two MPA connections, a Send each way per
+    comm exchange, the operations, send_bw's credit Writes, nothing malformed
+    (:func:`iwarp_tb.siw.perfcheck.check_capture`, as on the runs against Linux perftest)."""
+    _served, _result, wire = run_pair(op, 4096, 100)
+    pcap = tmp_path / f"{op}.pcap"
+    with PcapWriter(pcap) as out:
+        for n, (_sender, frame) in enumerate(wire.frames):
+            out.write(frame, n * 1000)
+    check_capture(pcap, op, 100, crc=False)
 
 
 def test_dest_layout():

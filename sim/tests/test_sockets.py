@@ -279,6 +279,44 @@ def test_frames_under_one_percent_loss_byte_exact():
     assert lb.conn.state == ConnState.CLOSED and B.qp.state.name == "ERR"
 
 
+def test_frames_writes_complete_within_the_send_buffer():
+    """The link hands FPDUs to TCP only as far as ``snd_buffer`` has room, so a Write
+    completes when its last FPDU is in that bounded buffer, not ahead of the wire: at each of
+    four 256 KiB Writes' completions the peer has acknowledged all but a buffer and an FPDU
+    of the octets before it, and at no time does more than that wait in TCP."""
+    from iwarp_model.transport.frames import FrameEndpoint
+    from iwarp_model.transport.impair import Pipe
+    from iwarp_model.transport.rawtcp import TcpConfig
+
+    config = TcpConfig(snd_buffer=64 * 1024)
+    pipe = Pipe(seed=7, config=config)
+    ea, eb = FrameEndpoint(pipe.a), FrameEndpoint(pipe.b)
+    size, count = 256 * 1024, 4
+    A, B, la, links = frame_pair(ea, eb, Pipe.IP_B, count * size)
+    assert pipe.run(lambda: la.conn.state == ConnState.ESTABLISHED and links, timeout=30)
+    data = random.Random(2).randbytes(count * size)
+    A.buf.memory[:] = data
+    base = la.tcp.snd_una
+    A.qp.post_send([SendWR(n, WrOpcode.RDMA_WRITE, [A.sge(n * size, size)], SIG,
+                           remote_addr=B.buf.addr + n * size, rkey=B.buf.mr.rkey)
+                    for n in range(count)])
+    fpdu, queued, done = 2 * config.mss, [], []
+
+    def watch():
+        queued.append(la.tcp.unacked)
+        done.extend((wc.wr_id, wc.status, la.tcp.snd_una - base)
+                    for wc in A.host.send_cq.poll_cq(count))
+        return len(done) == count
+
+    assert pipe.run(watch, timeout=60)
+    assert max(queued) <= config.snd_buffer + fpdu
+    assert [(n, status) for n, status, _ in done] == [(n, WcStatus.SUCCESS)
+                                                      for n in range(count)]
+    for n, _, acked in done:
+        assert acked >= (n + 1) * size - config.snd_buffer - fpdu, (n, acked)
+    assert pipe.run(lambda: bytes(B.buf.memory) == data, timeout=30)
+
+
 def test_frames_connect_refused_ends_the_link():
     """An initiator whose SYN is answered by an RST (nobody listens yet, as with a Linux peer
     whose rdma_cm listener is not up) learns it: the link closes, the QP is flushed."""

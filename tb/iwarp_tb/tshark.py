@@ -4,7 +4,8 @@
 heuristics first so MPA is found without a port, Send reassembly off, the RPC-over-RDMA and
 SMB Direct heuristics off, IP and TCP checksums checked) and returns the PDML tree and the
 expert-info summary; :func:`fields` picks fields by name, :func:`rdmap_opcodes` counts the RDMAP
-opcodes by tshark's names.
+opcodes of the DDP segments by tshark's names, :func:`rdmap_messages` those of the messages (the
+segments with DDP's Last flag), :func:`check_clean` asserts that nothing was malformed.
 """
 
 import re
@@ -12,7 +13,8 @@ import subprocess
 import xml.etree.ElementTree as ET
 from collections import Counter
 
-__all__ = ["TSHARK", "OPCODE_NAMES", "decode", "fields", "rdmap_opcodes", "check_fpdus"]
+__all__ = ["TSHARK", "OPCODE_NAMES", "decode", "fields", "rdmap_opcodes", "rdmap_messages",
+           "check_clean", "check_fpdus"]
 
 TSHARK = ["tshark", "-n", "-o", "tcp.try_heuristic_first:TRUE",
           "-o", "iwarp_ddp_rdmap.reassemble_iwarp_rdma_send:FALSE",
@@ -42,10 +44,29 @@ def fields(root, name):
     return [f for f in root.iter("field") if f.get("name") == name]
 
 
+def _opcode(field):
+    """tshark's name of the opcode in an ``iwarp_rdma.opcode`` field ("Write", ...)."""
+    return re.sub(r" \(0x[0-9a-f]+\)$", "", field.get("showname").split(": ", 1)[1])
+
+
 def rdmap_opcodes(root):
-    """RDMAP messages per opcode, by tshark's names ("Write", "Send with SE", ...)."""
-    return Counter(re.sub(r" \(0x[0-9a-f]+\)$", "", f.get("showname").split(": ", 1)[1])
-                   for f in fields(root, "iwarp_rdma.opcode"))
+    """DDP segments per RDMAP opcode, by tshark's names ("Write", "Send with SE", ...)."""
+    return Counter(_opcode(f) for f in fields(root, "iwarp_rdma.opcode"))
+
+
+def rdmap_messages(root):
+    """RDMAP messages per opcode: the DDP segments whose Last flag is set, whatever the
+    segment sizes each sender chose."""
+    return Counter(_opcode(fields(segment, "iwarp_rdma.opcode")[0])
+                   for segment in root.iter("proto")
+                   if segment.get("name") == "iwarp_ddp_rdmap"
+                   and fields(segment, "iwarp_ddp.last_flag")[0].get("show") == "1")
+
+
+def check_clean(root, expert):
+    """Assert that tshark found no malformed packet and reported no expert error."""
+    assert not fields(root, "_ws.malformed")
+    assert not re.search(r"^Errors \(", expert, re.M), expert
 
 
 def check_fpdus(path, ulpdus):
@@ -57,5 +78,4 @@ def check_fpdus(path, ulpdus):
     assert len(checks) == len(ulpdus), checks
     assert all("(Good CRC32)" in check for check in checks), checks
     assert rdmap_opcodes(root) == Counter(OPCODE_NAMES[u[1] & 0xF] for u in ulpdus)
-    assert not fields(root, "_ws.malformed")
-    assert not re.search(r"^Errors \(", expert, re.M), expert
+    check_clean(root, expert)

@@ -21,10 +21,7 @@ See docs/siw.md.
 """
 
 import asyncio
-import re
-import subprocess
 import time
-import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +33,7 @@ from iwarp_model import apps
 from iwarp_model.engine import Connection, ConnState
 from iwarp_model.transport.frames import FrameLink
 from iwarp_model.wire.rdmap import Opcode, decode_segment
+from iwarp_tb import tshark
 from iwarp_tb.siw import image
 from iwarp_tb.siw.guest import GuestResult, SiwGuest, run_attached
 from iwarp_tb.siw.modelpeer import (
@@ -391,41 +389,21 @@ def test_ucmatose_model_server_vs_p2p_siw(ucmatose_server_p2p_run):
 
 # -- tshark -----------------------------------------------------------------------------------
 
-TSHARK = ["tshark", "-n", "-o", "tcp.try_heuristic_first:TRUE",
-          "-o", "iwarp_ddp_rdmap.reassemble_iwarp_rdma_send:FALSE",
-          "--disable-heuristic", "rpcrdma_iwarp", "--disable-heuristic", "smb_direct_iwarp",
-          "-o", "ip.check_checksum:TRUE", "-o", "tcp.check_checksum:TRUE", "-T", "pdml"]
-
-
-def tshark(pcap: Path) -> tuple[list[ET.Element], Counter]:
-    """The ``field`` elements of tshark's decode of ``pcap`` and its RDMAP opcodes counted."""
-    done = subprocess.run([*TSHARK, "-r", str(pcap)], capture_output=True, text=True,
-                          timeout=60)
-    assert done.returncode == 0, done.stderr
-    fields = list(ET.fromstring(done.stdout).iter("field"))
-    opcodes = Counter(re.sub(r" \(0x[0-9a-f]+\)$", "", f.get("showname").split(": ", 1)[1])
-                      for f in fields if f.get("name") == "iwarp_rdma.opcode")
-    return fields, opcodes
-
-
-def named(fields: list[ET.Element], name: str) -> list[ET.Element]:
-    return [f for f in fields if f.get("name") == name]
-
-
 @pytest.mark.tshark
 def test_tshark_decodes_rping_runs(rping_client_run, rping_crc_run):
-    fields, opcodes = tshark(rping_client_run.pcap)
-    assert len(named(fields, "iwarp_mpa.req")) == len(named(fields, "iwarp_mpa.rep")) == 1
-    assert len(named(fields, "iwarp_mpa.fpdu")) == 7 * COUNT
-    assert opcodes == Counter({"Send": 4 * COUNT, "Read Request": COUNT,
-                               "Read Response": COUNT, "Write": COUNT})
-    assert not named(fields, "_ws.malformed")
+    root, expert = tshark.decode(rping_client_run.pcap)
+    assert [len(tshark.fields(root, f"iwarp_mpa.{name}")) for name in ("req", "rep")] == [1, 1]
+    assert len(tshark.fields(root, "iwarp_mpa.fpdu")) == 7 * COUNT
+    assert tshark.rdmap_opcodes(root) == Counter({"Send": 4 * COUNT, "Read Request": COUNT,
+                                                  "Read Response": COUNT, "Write": COUNT})
+    tshark.check_clean(root, expert)
 
-    fields, opcodes = tshark(rping_crc_run.pcap)
+    root, expert = tshark.decode(rping_crc_run.pcap)
     fpdus = 2 * COUNT + 3 * COUNT + 3 * COUNT + 3 * COUNT
-    assert len(named(fields, "iwarp_mpa.fpdu")) == fpdus
-    assert opcodes == Counter({"Send": 4 * COUNT, "Read Request": COUNT,
-                               "Read Response": 3 * COUNT, "Write": 3 * COUNT})
-    checks = [f.get("showname") for f in named(fields, "iwarp_mpa.crc_check")]
+    assert len(tshark.fields(root, "iwarp_mpa.fpdu")) == fpdus
+    assert tshark.rdmap_opcodes(root) == Counter({"Send": 4 * COUNT, "Read Request": COUNT,
+                                                  "Read Response": 3 * COUNT,
+                                                  "Write": 3 * COUNT})
+    checks = [f.get("showname") for f in tshark.fields(root, "iwarp_mpa.crc_check")]
     assert len(checks) == fpdus and all("(Good CRC32)" in c for c in checks), checks
-    assert not named(fields, "_ws.malformed")
+    tshark.check_clean(root, expert)

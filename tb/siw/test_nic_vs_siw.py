@@ -15,8 +15,9 @@ required, MPA revision 1, peer-to-peer RTRs offered).
   perftest-compatible client and server (:mod:`iwarp_model.perftest`) on the NIC
   (:class:`~iwarp_tb.siw.nicpeer.NicCm`: the comm and test connections are two queue pairs),
   against the guest's tool, 100 operations of 4 KiB; what :mod:`iwarp_tb.siw.perfcheck` asks
-  (the tool's exit and row, the report both ways, the data). ``make test`` runs siw as
-  shipped; ``make interop`` every build (``IWARP_INTEROP_ALL=1``).
+  (the tool's exit and row, the report both ways, the data, and tshark's reading of the
+  capture: exactly the run's RDMAP messages, a Good CRC32 on every FPDU). ``make test`` runs
+  siw as shipped; ``make interop`` every build (``IWARP_INTEROP_ALL=1``).
 * Impairments (``test_rping_nic_client_vs_siw_server_impaired``): the wire between the NIC and
   siw loses 1% or 5% of the frames each way, reorders, duplicates or corrupts them, or cuts
   every segment in two at an offset one further each time, as between two NICs
@@ -41,7 +42,7 @@ from iwarp_tb.siw import image
 from iwarp_tb.siw.guest import run_attached
 from iwarp_tb.siw.modelpeer import GUEST_IP, guest_ready, guest_result
 from iwarp_tb.siw.nicpeer import NIC_IP, NicCm, NicPeer
-from iwarp_tb.siw.perfcheck import check_client, check_server
+from iwarp_tb.siw.perfcheck import check_capture, check_client, check_server
 
 pytestmark = [pytest.mark.siw, pytest.mark.tshark, pytest.mark.xdist_group(name="siw")]
 
@@ -328,10 +329,11 @@ def perftest_on_nic(op, variant, *, client):
 
     role = f"ib_{op}_bw-{'server' if client else 'client'}"
     peer = "" if client else f" iwarp.peer={NIC_IP}"
-    value, guest, _ = boot(
+    value, guest, pcap = boot(
         f"{role}-{variant}", f"iwarp.role={role} iwarp.count={PERF_ITERS} iwarp.size={PERF_SIZE}"
         f" iwarp.timeout=240{peer}", scenario, variant, timeout=300)
     (check_client if client else check_server)(op, PERF_SIZE, PERF_ITERS, guest, value)
+    check_capture(pcap, op, PERF_ITERS, crc=True, rtrs=2 if variant == "p2p" else 0)
 
 
 @pytest.mark.parametrize("variant", PERF_VARIANTS)

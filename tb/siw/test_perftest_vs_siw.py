@@ -7,7 +7,8 @@ Each op and size (1000 and 65536 octets) runs twice, one boot each (a module fix
 guest as server (``ib_X_bw -R -F -n 100 -s SIZE``) facing the model's client, and the guest as
 client facing the model's server. Every run must end with the guest's tool exiting 0 and
 printing a result row of SIZE bytes and 100 iterations, and show what
-:mod:`iwarp_tb.siw.perfcheck` asks of it.
+:mod:`iwarp_tb.siw.perfcheck` asks of it, tshark's reading of its capture included (stock siw
+and the model negotiate no CRC, so none is checked).
 The capture of each run is ``build/siw/runs/perftest-vs-siw/<run>/model.pcap``; each run's
 wall time (boot included) is printed.
 """
@@ -23,9 +24,9 @@ from iwarp_model import perftest
 from iwarp_tb.siw import image
 from iwarp_tb.siw.guest import GuestResult, SiwGuest, run_attached
 from iwarp_tb.siw.modelpeer import GUEST_IP, MODEL_IP, ModelPeer, guest_ready, guest_result
-from iwarp_tb.siw.perfcheck import check_client, check_server
+from iwarp_tb.siw.perfcheck import check_capture, check_client, check_server
 
-pytestmark = [pytest.mark.siw, pytest.mark.xdist_group(name="siw")]
+pytestmark = [pytest.mark.siw, pytest.mark.tshark, pytest.mark.xdist_group(name="siw")]
 
 RUNS = image.SIW_BUILD / "runs" / "perftest-vs-siw"
 ITERS = 100
@@ -113,8 +114,10 @@ def server_run(request) -> tuple[str, int, Run]:
 def test_model_client_vs_perftest_server(client_run):
     op, size, run = client_run
     check_client(op, size, ITERS, run.guest, run.value)
+    check_capture(run.pcap, op, ITERS, crc=False)
 
 
 def test_model_server_vs_perftest_client(server_run):
     op, size, run = server_run
     check_server(op, size, ITERS, run.guest, run.value)
+    check_capture(run.pcap, op, ITERS, crc=False)

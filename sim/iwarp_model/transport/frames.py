@@ -5,11 +5,13 @@ RFC 5044 section 2 needs a reliable byte stream under MPA; here that is a
 Ethernet to RDMAP, is the model's. Three parts:
 
 * :class:`FrameLink` glues one TCP connection to one engine :class:`Connection`: TCP bytes in
-  go to :meth:`Connection.receive`, :meth:`Connection.transmit` goes to
-  :meth:`TcpConnection.send`; the peer's FIN or a reset is :meth:`Connection.connection_lost`
-  (RFC 5040 section 6); once the connection :attr:`~Connection.wants_close` and has nothing
-  left, TCP closes with a FIN. Sans-IO and clock-free: it works under :class:`.impair.Pipe`'s
-  virtual clock as well as in real time.
+  go to :meth:`Connection.receive`; :meth:`Connection.transmit` goes to
+  :meth:`TcpConnection.send` as far as the send buffer has room (``TcpConfig.snd_buffer``),
+  so a Send or Write completes when its last FPDU is in a bounded buffer, as on a socket,
+  not far ahead of the wire, and the ``"sent"`` event takes up the rest; the peer's FIN or a
+  reset is :meth:`Connection.connection_lost` (RFC 5040 section 6); once the connection
+  :attr:`~Connection.wants_close` and has nothing left, TCP closes with a FIN. Sans-IO and
+  clock-free: it works under :class:`.impair.Pipe`'s virtual clock as well as in real time.
 * :class:`FrameEndpoint` owns a RawStack's event callback and makes links: :meth:`connect`
   (initiator) and :meth:`listen` (a responder per accepted connection).
 * :func:`run_stack` runs a RawStack in asyncio with the monotonic clock against a frame pipe,
@@ -99,11 +101,16 @@ class FrameLink(Link):
             conn.receive(data)
         if tcp.state is TcpState.CLOSED or tcp.eof:
             conn.connection_lost()
-        out = conn.transmit()
-        if out and not self._fin_sent and tcp.state in (TcpState.ESTABLISHED,
-                                                        TcpState.CLOSE_WAIT):
-            tcp.send(out)
-        if conn.wants_close and not self._fin_sent:
+        drained = True
+        if not self._fin_sent and tcp.state in (TcpState.ESTABLISHED, TcpState.CLOSE_WAIT):
+            room = tcp.room
+            out = conn.transmit(room) if room else b""
+            if out:
+                tcp.send(out)
+            drained = len(out) < room
+        else:
+            conn.transmit()  # nowhere to go
+        if conn.wants_close and drained and not self._fin_sent:
             self._fin_sent = True
             tcp.close()
         if tcp.state is TcpState.CLOSED or (self._fin_sent and tcp.state is TcpState.TIME_WAIT):

@@ -107,10 +107,13 @@ _RECEIVING = {S.ESTABLISHED, S.FIN_WAIT_1, S.FIN_WAIT_2}
 class TcpConfig:
     """TCP tunables (seconds, bytes). ``mss`` is the MSS this end advertises (capped by the
     stack's MTU); ``rcv_buffer`` bounds the in-order bytes held for the application and sets
-    the advertised window and the window-scale shift."""
+    the advertised window and the window-scale shift; ``snd_buffer`` is the send buffer an
+    application keeps to (:attr:`TcpConnection.room`), as a socket's: what it queued and the
+    peer has not acknowledged."""
 
     mss: int = 1460
     rcv_buffer: int = 256 * 1024
+    snd_buffer: int = 256 * 1024
     rto_initial: float = 1.0
     rto_min: float = 0.2
     rto_max: float = 60.0
@@ -131,6 +134,8 @@ class TcpConfig:
             raise ValueError(f"mss {self.mss} outside 64..65535")
         if not 1 <= self.rcv_buffer <= 0xFFFF << 14:
             raise ValueError(f"rcv_buffer {self.rcv_buffer} outside 1..{0xFFFF << 14}")
+        if self.snd_buffer < 1:
+            raise ValueError(f"snd_buffer {self.snd_buffer} is not positive")
         if not 0 < self.rto_min <= self.rto_initial <= self.rto_max:
             raise ValueError("need 0 < rto_min <= rto_initial <= rto_max")
 
@@ -163,7 +168,8 @@ class RawStack:
     ``send_frame(bytes)`` is called with each outgoing frame (no FCS, padded to 60 bytes);
     ``clock()`` returns the current time in seconds; ``rng`` is a :class:`random.Random` from
     which the ISN secret, IP identifications and ephemeral ports are drawn. ``on_event(conn,
-    kind)``, if given, is called with ``"established"``, ``"data"``, ``"fin"`` (the peer has
+    kind)``, if given, is called with ``"established"``, ``"data"``, ``"sent"`` (the peer
+    acknowledged queued bytes: :attr:`TcpConnection.room` grew), ``"fin"`` (the peer has
     closed its direction) and ``"closed"`` (see :attr:`TcpConnection.error`). ``isn``, if given,
     replaces the RFC 6528 generator: ``isn(local_port, remote_ip, remote_port) -> int``.
     ``counters`` counts frames and every drop as ``"drop.<reason>"``.
@@ -459,8 +465,9 @@ class TcpConnection:
     # ---- application interface
 
     def send(self, data: bytes) -> int:
-        """Queue ``data`` for transmission (the send buffer is unbounded); returns its length.
-        TcpError once ``close`` or ``abort`` was called or the connection has ended."""
+        """Queue ``data`` for transmission; returns its length. The buffer takes whatever it
+        is given: an application bounds itself by :attr:`room`. TcpError once ``close`` or
+        ``abort`` was called or the connection has ended."""
         if self._fin_queued or self.state in (S.CLOSED, S.FIN_WAIT_1, S.FIN_WAIT_2, S.CLOSING,
                                                S.LAST_ACK, S.TIME_WAIT):
             raise TcpError(f"cannot send in {self.state.value}"
@@ -516,6 +523,12 @@ class TcpConnection:
     def unacked(self) -> int:
         """Bytes queued by :meth:`send` and not yet acknowledged by the peer."""
         return len(self._sndbuf)
+
+    @property
+    def room(self) -> int:
+        """What :meth:`send` may still queue within ``cfg.snd_buffer``; once the peer's
+        acknowledgements make more, the ``"sent"`` event says so."""
+        return max(0, self.cfg.snd_buffer - len(self._sndbuf))
 
     # ---- opening
 
@@ -765,6 +778,7 @@ class TcpConnection:
                 self._transmit(TcpSegment(self.local_port, self.remote_port, seg.ack, 0, RST, 0))
                 return
             self._established()
+        queued = len(self._sndbuf)
         if not self._process_ack(seg, seq, ack):
             return
         fin_acked = self._fin_queued and self.snd_una > self._data_end()
@@ -779,6 +793,8 @@ class TcpConnection:
         if seg.payload or fin:
             self._receive(seq, seg.payload, bool(fin))
         self._output()
+        if len(self._sndbuf) < queued and self.state is not S.CLOSED:
+            self.stack._event(self, "sent")
 
     def _challenge_ack(self, why: str):
         self.counters["challenge_acks"] += 1
