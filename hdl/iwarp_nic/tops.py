@@ -34,6 +34,7 @@ def outermost():
 
 def tops():
     """``{module_name: factory}`` for every generated top-level module."""
+    from .axi_ram import AxiRam
     from .core import NicCore
     from .crc import CRC32CEngine, CRC32Engine
     from .ddp.emit import SegmentEmitter
@@ -127,6 +128,7 @@ def tops():
         tops[f"iwarp_nic_core_w{n}"] = lambda n=n: NicCore(n)
     for n in (8, 64):       # the host side works at the DMA engine's width (64 to 512 bits)
         tops[f"iwarp_dma_w{n}"] = lambda n=n: DmaMaster(n, write_clients=3, read_clients=3)
+        tops[f"iwarp_axi_ram_w{n}"] = lambda n=n: AxiRam(n, 65536)
         tops[f"iwarp_dma_read_reserve_w{n}"] = lambda n=n: ReadReserve(n, 64)
         tops[f"iwarp_host_sq_unpacker_w{n}"] = lambda n=n: DescriptorUnpacker(SqWqe, n)
         tops[f"iwarp_host_cqe_packer_w{n}"] = lambda n=n: DescriptorPacker(Cqe, n)

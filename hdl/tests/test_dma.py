@@ -22,63 +22,11 @@ from iwarp_nic.dma import BurstSplitter, DmaMaster, DmaReader, DmaWriter, LanePa
 from iwarp_tb.amsim import run
 from iwarp_tb.axi_memory import AxiMemory
 from iwarp_tb.beats import Packet
-from iwarp_tb.streams import AmaranthBus, StreamPort, recv, recv_packets, send, send_packets
+from iwarp_tb.dma_clients import commands, read_client, write_client
+from iwarp_tb.streams import AmaranthBus, StreamPort, recv, send, send_packets
 
 WIDTHS = (8, 16, 32, 64)
 BASE = 0xFFFF_F000_7FFF_0000        # high address bits set: the whole 64-bit path is used
-
-
-def commands(rng, n, count, at, *, max_len=5000, gap=200):
-    """``count`` disjoint ``(addr, length)`` from ``at`` on: lengths 0, short (around the
-    width) and long, any alignment, often ending or starting near a 4 KiB boundary. Returns
-    them and the address after the last."""
-    out = []
-    for _ in range(count):
-        at += rng.randint(0, gap)
-        if rng.random() < 0.3:              # end a few bytes past a 4 KiB boundary
-            at = max(at, (at | 0xFFF) + 1 - rng.randint(1, 3 * n))
-        length = rng.choice([0, rng.randint(1, 2 * n + 1), rng.randint(1, 2 * n + 1),
-                             rng.randint(1, max_len)])
-        out.append((at, length))
-        at += length
-    return out, at
-
-
-def _write_client(cmd_port, data_port, done_port, cmds, payloads, rng, *, idle, stall, seen,
-                  memory=None):
-    """Testbenches for one write client: commands, data (independently: the data may lead),
-    and completions into ``seen`` (checking, with ``memory``, that each arrives only after the
-    write response of the last burst of its command)."""
-    async def commander(ctx):
-        await send(AmaranthBus(ctx), StreamPort.amaranth(cmd_port),
-                   [{"addr": a, "length": k} for a, k in cmds], rng=rng, idle=idle)
-
-    async def feeder(ctx):
-        await send_packets(AmaranthBus(ctx), StreamPort.amaranth(data_port),
-                           [p for p in payloads if p], data_port.payload.data.shape().width // 8,
-                           rng=rng, idle=idle)
-
-    async def completions(ctx):
-        bus, port = AmaranthBus(ctx), StreamPort.amaranth(done_port)
-        for addr, length in cmds:
-            seen.append((await recv(bus, port, 1, rng=rng, stall=stall))[0]["error"])
-            if memory is not None:
-                for burst in memory.bursts:
-                    if burst.kind == "write" and addr <= burst.addr < addr + length:
-                        assert burst.b_cycle is not None, "done before its write response"
-    return [commander, feeder, completions]
-
-
-def _read_client(cmd_port, data_port, cmds, rng, *, idle, stall, got):
-    async def commander(ctx):
-        await send(AmaranthBus(ctx), StreamPort.amaranth(cmd_port),
-                   [{"addr": a, "length": k} for a, k in cmds], rng=rng, idle=idle)
-
-    async def reader(ctx):
-        n = data_port.payload.data.shape().width // 8
-        got.extend(await recv_packets(AmaranthBus(ctx), StreamPort.amaranth(data_port),
-                                      sum(1 for _, k in cmds if k), n, rng=rng, stall=stall))
-    return [commander, reader]
 
 
 def _expected_reads(memory, cmds, bad=()):
@@ -102,7 +50,7 @@ def test_writer_random(n, max_burst):
     for a, k in cmds:
         memory.allow_write(a, k)
     seen = []
-    run(dut, *_write_client(dut.i_command, dut.i_data, dut.o_done, cmds, payloads, rng,
+    run(dut, *write_client(dut.i_command, dut.i_data, dut.o_done, cmds, payloads, rng,
                             idle=0.2, stall=0.2, seen=seen, memory=memory),
         monitors=[memory.bench()], name=f"dma_writer_w{n}")
     assert seen == [0] * len(cmds)
@@ -127,7 +75,7 @@ def test_reader_random(n, max_burst):
     cmds, end = commands(rng, n, 40, BASE + 3, max_len=2000 + 40 * n)
     memory.write(BASE, rng.randbytes(end - BASE + 4096))
     got = []
-    run(dut, *_read_client(dut.i_command, dut.o_data, cmds, rng, idle=0.2, stall=0.3, got=got),
+    run(dut, *read_client(dut.i_command, dut.o_data, cmds, rng, idle=0.2, stall=0.3, got=got),
         monitors=[memory.bench()], name=f"dma_reader_w{n}")
     expect = _expected_reads(memory, cmds)
     assert got == expect and not any(p.err for p in got)
@@ -176,7 +124,7 @@ def test_read_reserve(n, beats):
                 held.append(True)
 
     got = []
-    run(dut, *_read_client(dut.i_command, dut.o_data, cmds, rng, idle=0.1, stall=0.8, got=got),
+    run(dut, *read_client(dut.i_command, dut.o_data, cmds, rng, idle=0.1, stall=0.8, got=got),
         monitors=[memory.bench(), watch], name=f"dma_read_reserve_w{n}")
     assert got == _expected_reads(memory, cmds)
     assert not held, "the reserve held up the reader's data"
@@ -282,7 +230,7 @@ def _master_run(n, rng, *, writers, readers, count, stall, errors=(), idle=0.3, 
         write_cmds.append(cmds)
         write_data.append(data)
         seen.append([])
-        benches += _write_client(getattr(dut, f"i_write{k}_command"),
+        benches += write_client(getattr(dut, f"i_write{k}_command"),
                                  getattr(dut, f"i_write{k}_data"),
                                  getattr(dut, f"o_write{k}_done"), cmds, data,
                                  random.Random(rng.random()), idle=idle, stall=port_stall,
@@ -293,7 +241,7 @@ def _master_run(n, rng, *, writers, readers, count, stall, errors=(), idle=0.3, 
         memory.write(at, rng.randbytes(end - at))
         read_cmds.append(cmds)
         got.append([])
-        benches += _read_client(getattr(dut, f"i_read{k}_command"),
+        benches += read_client(getattr(dut, f"i_read{k}_command"),
                                 getattr(dut, f"o_read{k}_data"), cmds,
                                 random.Random(rng.random()), idle=idle, stall=port_stall,
                                 got=got[k])
@@ -350,7 +298,7 @@ def test_round_robin():
         for a, _ in cmds:
             owner[a] = k
             memory.allow_write(a, 24)
-        benches += _write_client(getattr(dut, f"i_write{k}_command"),
+        benches += write_client(getattr(dut, f"i_write{k}_command"),
                                  getattr(dut, f"i_write{k}_data"),
                                  getattr(dut, f"o_write{k}_done"), cmds,
                                  [bytes([k]) * 24] * per_client, rng, idle=0, stall=0, seen=[])
@@ -405,7 +353,7 @@ def test_throughput(n, shape):
         for _ in range(count):
             cmds.append((at, length or rng.randint(1, n)))
             at += cmds[-1][1] + rng.randint(0, n)
-        benches += _write_client(getattr(dut, f"i_write{k}_command"),
+        benches += write_client(getattr(dut, f"i_write{k}_command"),
                                  getattr(dut, f"i_write{k}_data"),
                                  getattr(dut, f"o_write{k}_done"), cmds,
                                  [rng.randbytes(k) for _, k in cmds], rng, idle=0, stall=0,
@@ -414,7 +362,7 @@ def test_throughput(n, shape):
             cmds = [(at + j * (length + 7), length) for j in range(count)]
             at += count * (length + 7)
             memory.write(cmds[0][0], rng.randbytes(count * (length + 7)))
-            benches += _read_client(getattr(dut, f"i_read{k}_command"),
+            benches += read_client(getattr(dut, f"i_read{k}_command"),
                                     getattr(dut, f"o_read{k}_data"), cmds, rng, idle=0,
                                     stall=0, got=got[k])
     run(dut, *benches, monitors=[memory.bench()])
