@@ -52,7 +52,7 @@ def tops():
     from .fifo import PacketFifo
     from .hdrparse import HeaderEmitter, HeaderParser
     from .headers import ETHERNET
-    from .host import AxiLiteTarget
+    from .host import AxiLiteManager, AxiLiteTarget
     from .host.completion import CompletionWriter
     from .host.control import HostControl
     from .host.descriptor import DescriptorPacker, DescriptorUnpacker
@@ -137,6 +137,7 @@ def tops():
         tops[f"iwarp_host_completion_c16_w{n}"] = lambda n=n: CompletionWriter(n, writers=2)
     for n in (1, 8, 64):
         tops[f"iwarp_host_control_c16_w{n}"] = lambda n=n: HostControl(n)
+    tops["iwarp_host_axil_manager_w4"] = lambda: AxiLiteManager(16, 4)
     # The ECPIX-5's arrangement: a two-byte node behind a GMII MAC in a domain of its own.
     tops["iwarp_tcp_node_w2_gmii"] = lambda: TcpNode(2, mac_bytes=1)
     tops["iwarp_beat_upsizer_w1_w8"] = lambda: BeatUpsizer(1, 8, err=True)

@@ -22,7 +22,9 @@ import shutil
 import subprocess
 
 import pytest
+from amaranth import Elaboratable, Module
 from amaranth.back import verilog
+from amaranth.lib import wiring
 from amaranth.lib.data import ArrayLayout, StructLayout
 
 from iwarp_nic.host import (
@@ -38,6 +40,7 @@ from iwarp_nic.host import (
     c_header,
     write_header,
 )
+from iwarp_nic.host import AxiLiteManager as GatewareManager
 from iwarp_tb import toolchain
 from iwarp_tb.amsim import run
 from iwarp_tb.axil import OKAY, SLVERR, AxiLiteManager, AxiLitePort, RegisterModel, example_map
@@ -120,6 +123,24 @@ def test_map_errors(make, message):
 
 # --- the AXI-Lite target alone --------------------------------------------------------------
 
+def _responder(taken, n, rng, request, answer, make):
+    """Testbenches of a register responder on a target's streams: take ``n`` requests into
+    ``taken`` (randomly stalled) and answer each, once it has been taken, with
+    ``make(request)`` (after random idle cycles)."""
+    async def take(ctx):
+        bus, port = AmaranthBus(ctx), StreamPort.amaranth(request)
+        for _ in range(n):
+            taken.extend(await recv(bus, port, 1, rng=rng, stall=0.4))
+
+    async def give(ctx):
+        bus, port = AmaranthBus(ctx), StreamPort.amaranth(answer)
+        for k in range(n):
+            while len(taken) <= k:       # answer only requests already made
+                await ctx.tick()
+            await send(bus, port, [make(taken[k])], rng=rng, idle=0.3)
+    return take, give
+
+
 @pytest.mark.parametrize("data_bytes", [4, 8])
 def test_target(data_bytes):
     """Requests once each, in order, aligned; responses as the responder gave them."""
@@ -144,20 +165,6 @@ def test_target(data_bytes):
     taken = {"w": [], "r": []}
     got = {}
 
-    def responder(kind, request, answer, make):
-        async def take(ctx):
-            bus, port = AmaranthBus(ctx), StreamPort.amaranth(request)
-            for _ in range(n):
-                taken[kind] += await recv(bus, port, 1, rng=rng, stall=0.4)
-
-        async def give(ctx):
-            bus, port = AmaranthBus(ctx), StreamPort.amaranth(answer)
-            for k in range(n):
-                while len(taken[kind]) <= k:       # answer only requests already made
-                    await ctx.tick()
-                await send(bus, port, [make(taken[kind][k])], rng=rng, idle=0.3)
-        return take, give
-
     async def manager_w(ctx):
         mgr = AxiLiteManager(AmaranthBus(ctx), AxiLitePort.amaranth(dut.s_axil), rng=rng,
                              idle=0.3, stall=0.4)
@@ -169,14 +176,72 @@ def test_target(data_bytes):
         got["r"] = await mgr.reads(reads)
 
     run(dut, manager_w, manager_r,
-        *responder("w", dut.o_write, dut.i_write_done, lambda q: {"error": write_error(q)}),
-        *responder("r", dut.o_read, dut.i_read, lambda q: read_answer(q["addr"])),
+        *_responder(taken["w"], n, rng, dut.o_write, dut.i_write_done,
+                    lambda q: {"error": write_error(q)}),
+        *_responder(taken["r"], n, rng, dut.o_read, dut.i_read,
+                    lambda q: read_answer(q["addr"])),
         name=f"axil_target_{data_bytes}")
     assert taken["w"] == [{"addr": align(a), "data": d, "strb": s} for a, d, s in writes]
     assert got["b"] == [SLVERR if write_error(q) else OKAY for q in taken["w"]]
     assert taken["r"] == [{"addr": align(a)} for a in reads]
     answers = [read_answer(align(a)) for a in reads]
     assert got["r"] == [(q["data"], SLVERR if q["error"] else OKAY) for q in answers]
+
+
+class _ManagerToTarget(Elaboratable):
+    """The gateware manager on the bus of the target."""
+
+    def __init__(self, data_bytes):
+        self.manager = GatewareManager(16, data_bytes)
+        self.target = AxiLiteTarget(16, data_bytes)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.manager, m.submodules.target = self.manager, self.target
+        wiring.connect(m, self.manager.m_axil, self.target.s_axil)
+        return m
+
+
+@pytest.mark.parametrize("data_bytes", [4, 8])
+def test_manager(data_bytes):
+    """The gateware :class:`~iwarp_nic.host.axil.AxiLiteManager` in front of the target
+    above: every write and read request fed in (random idle) reaches the responder once, in
+    order, as it was made, and every answer comes back (randomly stalled) as the responder
+    gave it, writes and reads at once."""
+    rng = random.Random(10 + data_bytes)
+    dut = _ManagerToTarget(data_bytes)
+    n, low = 120, data_bytes.bit_length() - 1
+    writes = [{"addr": rng.getrandbits(16 - low) << low, "data": rng.getrandbits(8 * data_bytes),
+               "strb": rng.getrandbits(data_bytes)} for _ in range(n)]
+    reads = [{"addr": rng.getrandbits(16 - low) << low} for _ in range(n)]
+    taken = {"w": [], "r": []}
+    got = {}
+
+    def feed(port, requests):
+        async def bench(ctx):
+            await send(AmaranthBus(ctx), StreamPort.amaranth(port), requests, rng=rng, idle=0.3)
+        return bench
+
+    def collect(port, name):
+        async def bench(ctx):
+            got[name] = await recv(AmaranthBus(ctx), StreamPort.amaranth(port), n, rng=rng,
+                                   stall=0.4)
+        return bench
+
+    def read_answer(q):
+        return {"data": q["addr"] * 0x9E37_79B9 % (1 << 8 * data_bytes),
+                "error": q["addr"] >> 4 & 1}
+
+    manager, target = dut.manager, dut.target
+    run(dut, feed(manager.i_write, writes), feed(manager.i_read, reads),
+        collect(manager.o_write_done, "b"), collect(manager.o_read, "r"),
+        *_responder(taken["w"], n, rng, target.o_write, target.i_write_done,
+                    lambda q: {"error": q["data"] & 1}),
+        *_responder(taken["r"], n, rng, target.o_read, target.i_read, read_answer),
+        name=f"axil_manager_{data_bytes}")
+    assert taken["w"] == writes and taken["r"] == reads
+    assert got["b"] == [{"error": q["data"] & 1} for q in writes]
+    assert got["r"] == [read_answer(q) for q in reads]
 
 
 # --- the register bank ------------------------------------------------------------------------

@@ -1,9 +1,14 @@
-"""ARM IHI 0022 (AMBA AXI and ACE protocol specification), part B: an AXI4-Lite subordinate
-that turns each transaction into one register access on a stream.
+"""ARM IHI 0022 (AMBA AXI and ACE protocol specification), part B: AXI4-Lite as streams of
+register accesses, both ways.
 
-The write address and write data channels are joined into one write request; its answer
-becomes the write response. The read address channel becomes a read request; its answer the read
-data channel. The protection bits (``awprot``, ``arprot``) are ignored.
+:class:`AxiLiteTarget`, a subordinate: the write address and write data channels are joined
+into one write request; its answer becomes the write response. The read address channel
+becomes a read request; its answer the read data channel. The protection bits (``awprot``,
+``arprot``) are ignored.
+
+:class:`AxiLiteManager`, a manager, the other way round: the same request streams become bus
+transactions and the responses come back as the same answers, for a gateware host (a board
+with no CPU) that drives a register map.
 """
 
 from amaranth import Cat, Const, Module, Signal
@@ -13,7 +18,8 @@ from amaranth.lib.wiring import In, Out
 
 from ..axi import AxiLite
 
-__all__ = ["WriteRequest", "WriteDone", "ReadRequest", "ReadDone", "AxiLiteTarget"]
+__all__ = ["WriteRequest", "WriteDone", "ReadRequest", "ReadDone", "AxiLiteTarget",
+           "AxiLiteManager"]
 
 
 def WriteRequest(addr_width, data_bytes):
@@ -124,4 +130,78 @@ class AxiLiteTarget(wiring.Component):
         answer = self.i_read
         m.d.comb += [bus.rvalid.eq(answer.valid), bus.rdata.eq(answer.payload.data),
                      bus.rresp.eq(_resp(answer.payload.error)), answer.ready.eq(bus.rready)]
+        return m
+
+
+class AxiLiteManager(wiring.Component):
+    """An AXI4-Lite manager: each write request becomes an AW and a W transfer, its B response
+    the answer; each read request an AR transfer, its R transfer the answer.
+
+    Ports
+    -----
+    m_axil : Out(AxiLite(addr_width=addr_width, data_bytes=data_bytes))
+        The bus (Verilog ports ``m_axil_awaddr``, ...).
+    i_write : In(stream.Signature(WriteRequest(addr_width, data_bytes)))
+        One write: ``addr`` (sent as it is), ``data`` and ``strb``.
+    o_write_done : Out(stream.Signature(WriteDone))
+        One answer per write, in order: the B channel, combinationally (``error`` for SLVERR or
+        DECERR, else OKAY or EXOKAY).
+    i_read : In(stream.Signature(ReadRequest(addr_width)))
+        One read of ``addr``.
+    o_read : Out(stream.Signature(ReadDone(data_bytes)))
+        One answer per read, in order: the R channel, combinationally (``error`` as for B).
+
+    One write and one read are outstanding at a time, each side on its own (no order kept
+    between a write and a read: a user that needs one waits for the answer first). AW and W
+    are offered together, from registers, from the cycle after the request is taken, each
+    until the subordinate takes it. Latency: the request's answer is offered as the
+    subordinate answers; a side takes its next request the cycle after the answer is taken.
+    Back-pressure on an answer holds B or R; nothing is dropped or duplicated.
+    """
+
+    def __init__(self, addr_width=16, data_bytes=4):
+        self.addr_width, self.data_bytes = addr_width, data_bytes
+        bus = AxiLite(addr_width=addr_width, data_bytes=data_bytes)     # validates both
+        super().__init__({
+            "m_axil": Out(bus),
+            "i_write": In(stream.Signature(WriteRequest(addr_width, data_bytes))),
+            "o_write_done": Out(stream.Signature(WriteDone)),
+            "i_read": In(stream.Signature(ReadRequest(addr_width))),
+            "o_read": Out(stream.Signature(ReadDone(data_bytes))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        bus = self.m_axil
+
+        # Write: the request is held in the AW and W registers until each is taken, then B.
+        wr, done = self.i_write, self.o_write_done
+        writing = Signal()
+        m.d.comb += [wr.ready.eq(~writing),
+                     done.valid.eq(bus.bvalid & writing), done.payload.error.eq(bus.bresp[1]),
+                     bus.bready.eq(done.ready & writing)]
+        with m.If(wr.valid & wr.ready):
+            m.d.sync += [writing.eq(1), bus.awvalid.eq(1), bus.wvalid.eq(1),
+                         bus.awaddr.eq(wr.payload.addr), bus.wdata.eq(wr.payload.data),
+                         bus.wstrb.eq(wr.payload.strb)]
+        with m.If(bus.awvalid & bus.awready):
+            m.d.sync += bus.awvalid.eq(0)
+        with m.If(bus.wvalid & bus.wready):
+            m.d.sync += bus.wvalid.eq(0)
+        with m.If(done.valid & done.ready):
+            m.d.sync += writing.eq(0)
+
+        # Read: the request is held in the AR register until taken, then R.
+        rd, answer = self.i_read, self.o_read
+        reading = Signal()
+        m.d.comb += [rd.ready.eq(~reading),
+                     answer.valid.eq(bus.rvalid & reading),
+                     answer.payload.data.eq(bus.rdata), answer.payload.error.eq(bus.rresp[1]),
+                     bus.rready.eq(answer.ready & reading)]
+        with m.If(rd.valid & rd.ready):
+            m.d.sync += [reading.eq(1), bus.arvalid.eq(1), bus.araddr.eq(rd.payload.addr)]
+        with m.If(bus.arvalid & bus.arready):
+            m.d.sync += bus.arvalid.eq(0)
+        with m.If(answer.valid & answer.ready):
+            m.d.sync += reading.eq(0)
         return m
