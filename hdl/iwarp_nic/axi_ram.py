@@ -1,6 +1,7 @@
 """Block RAM as an AXI4 subordinate (ARM IHI 0022, the AXI and ACE protocol specification:
 A3 handshakes and channels, A3.4 bursts, A3.4.4 responses): host memory for a NIC with no
-host, such as a board's memory target (``boards/``).
+host, such as a board's memory target (``boards/``), with a word port of its own for the
+gateware that plays the host.
 
 :class:`AxiRam` holds ``size`` octets at ``base`` (``size`` a power of two of at least 4 KiB,
 ``base`` a multiple of it), byte ``base + i`` on lane ``i % data_bytes`` (little-endian, as
@@ -8,12 +9,13 @@ AXI places them).
 """
 
 from amaranth import Module, Mux, Signal, unsigned
-from amaranth.lib import wiring
+from amaranth.lib import stream, wiring
 from amaranth.lib.memory import Memory
-from amaranth.lib.wiring import In
+from amaranth.lib.wiring import In, Out
 
 from .axi import BOUNDARY, Axi4, Burst, Resp
 from .exact import add, eq, is_zero, ne, sub
+from .host.axil import ReadDone, ReadRequest, WriteDone, WriteRequest
 
 __all__ = ["AxiRam"]
 
@@ -26,6 +28,15 @@ class AxiRam(wiring.Component):
     -----
     s_axi : In(Axi4(addr_width=addr_width, data_bytes=data_bytes, id_width=id_width))
         Verilog ``s_axi_*``.
+    i_write, o_write_done, i_read, o_read
+        The word port, for the host's gateware: the streams of
+        :class:`~iwarp_nic.host.axil.AxiLiteManager` with ``log2(size)``-bit addresses (the
+        offset from ``base``, aligned down to a word) and ``data_bytes``-wide words; a write
+        stores the octets ``strb`` selects. ``error`` is always 0. One write and one read at a
+        time: a request is taken when its side of ``s_axi`` has no burst in progress (an
+        address transfer in the same cycle uses no RAM port: the burst's first beat comes a
+        cycle later), and its answer is offered from a register the next cycle (a read's two
+        cycles later).
 
     A burst is decoded by its first address: AXI4 keeps a burst inside 4 KiB, and the RAM is
     a whole number of 4 KiB pages, so a burst is entirely inside or entirely outside it. A
@@ -55,8 +66,14 @@ class AxiRam(wiring.Component):
             raise ValueError(f"init holds {len(init)} octets, more than size {size}")
         self.data_bytes, self.size, self.base = data_bytes, size, base
         self._init = bytes(init)
-        super().__init__({"s_axi": In(Axi4(addr_width=addr_width, data_bytes=data_bytes,
-                                           id_width=id_width))})
+        offset_bits = size.bit_length() - 1
+        super().__init__({
+            "s_axi": In(Axi4(addr_width=addr_width, data_bytes=data_bytes, id_width=id_width)),
+            "i_write": In(stream.Signature(WriteRequest(offset_bits, data_bytes))),
+            "o_write_done": Out(stream.Signature(WriteDone)),
+            "i_read": In(stream.Signature(ReadRequest(offset_bits))),
+            "o_read": Out(stream.Signature(ReadDone(data_bytes))),
+        })
 
     def _decode(self, m, addr, size, burst, name):
         """(the burst's first beat in the RAM, its response): OKAY, DECERR or SLVERR."""
@@ -84,18 +101,30 @@ class AxiRam(wiring.Component):
         write = memory.write_port(granularity=8)
         read = memory.read_port()
 
-        # -- writes: AW, the W beats, B --------------------------------------------------
+        lane_bits = n.bit_length() - 1
+
+        # -- writes: AW, the W beats, B; between bursts, the word port -----------------------
         w_beat = Signal.like(write.addr)
         w_resp = Signal(2)
         w_id = Signal.like(axi.bid)
         w_busy = Signal()
+        local_w, local_done = self.i_write, self.o_write_done
+        local_w_take = Signal()
         aw_beat, aw_resp = self._decode(m, axi.awaddr, axi.awsize, axi.awburst, "aw")
         m.d.comb += [
+            local_w.ready.eq(~w_busy & ~local_done.valid),
+            local_w_take.eq(local_w.valid & local_w.ready),
             axi.awready.eq(~w_busy & ~axi.bvalid),
             axi.wready.eq(w_busy),
-            write.addr.eq(w_beat), write.data.eq(axi.wdata),
+            write.addr.eq(Mux(w_busy, w_beat, local_w.payload.addr[lane_bits:])),
+            write.data.eq(Mux(w_busy, axi.wdata, local_w.payload.data)),
             axi.bid.eq(w_id), axi.bresp.eq(w_resp),
         ]
+        with m.If(local_w_take):
+            m.d.comb += write.en.eq(local_w.payload.strb)
+            m.d.sync += local_done.valid.eq(1)
+        with m.If(local_done.valid & local_done.ready):
+            m.d.sync += local_done.valid.eq(0)
         with m.If(axi.awvalid & axi.awready):
             m.d.sync += [w_busy.eq(1), w_beat.eq(aw_beat), w_resp.eq(aw_resp),
                          w_id.eq(axi.awid)]
@@ -107,19 +136,30 @@ class AxiRam(wiring.Component):
         with m.If(axi.bvalid & axi.bready):
             m.d.sync += axi.bvalid.eq(0)
 
-        # -- reads: AR, then one beat a cycle while R takes them -----------------------------
+        # -- reads: AR, then one beat a cycle while R takes them; between bursts, the word
+        # port (its word is kept in a register of its own, so a burst may start at once)
         r_beat = Signal.like(read.addr)
         r_left = Signal.like(axi.arlen)
         r_busy = Signal()
         r_resp = Signal(2)
         advance = Signal()
+        local_r, local_answer = self.i_read, self.o_read
+        local_r_take, local_r_read = Signal(), Signal()
         ar_beat, ar_resp = self._decode(m, axi.araddr, axi.arsize, axi.arburst, "ar")
         m.d.comb += [
+            local_r.ready.eq(~r_busy & ~axi.rvalid & ~local_r_read & ~local_answer.valid),
+            local_r_take.eq(local_r.valid & local_r.ready),
             axi.arready.eq(~r_busy & ~axi.rvalid),
             advance.eq(~axi.rvalid | axi.rready),
-            read.addr.eq(r_beat), read.en.eq(advance & r_busy),
+            read.addr.eq(Mux(r_busy, r_beat, local_r.payload.addr[lane_bits:])),
+            read.en.eq((advance & r_busy) | local_r_take),
             axi.rdata.eq(Mux(is_zero(axi.rresp), read.data, 0)),
         ]
+        m.d.sync += local_r_read.eq(local_r_take)
+        with m.If(local_r_read):
+            m.d.sync += [local_answer.valid.eq(1), local_answer.payload.data.eq(read.data)]
+        with m.If(local_answer.valid & local_answer.ready):
+            m.d.sync += local_answer.valid.eq(0)
         with m.If(axi.arvalid & axi.arready):
             m.d.sync += [r_busy.eq(1), r_beat.eq(ar_beat), r_left.eq(axi.arlen),
                          r_resp.eq(ar_resp), axi.rid.eq(axi.arid)]

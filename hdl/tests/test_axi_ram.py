@@ -2,9 +2,10 @@
 """Block RAM as an AXI4 subordinate (``iwarp_nic.axi_ram.AxiRam``) under the Amaranth
 simulator, behind the NIC's own DMA engine (:class:`iwarp_nic.dma.DmaMaster`, so the bursts
 are those the NIC issues: unaligned starts and ends, up to 16 beats, never across 4 KiB) with
-random idle and back-pressure on every client port. The reference is a bytearray: the RAM's
-initial contents with the commanded writes applied. Covered: reads of the initial contents
-while writes go on elsewhere, every write read back afterwards, bursts outside the RAM
+random idle and back-pressure on every client port, and the word port at the same time. The
+reference is a bytearray: the RAM's initial contents with the commanded writes applied.
+Covered: reads of the initial contents while writes go on elsewhere, every write read back
+afterwards (through AXI and through the word port), bursts outside the RAM
 (DECERR: reported as errors, nothing written), bursts the RAM does not take (a narrow size,
 FIXED, WRAP: SLVERR, nothing written, zeros read), and bad parameters.
 """
@@ -21,6 +22,7 @@ from iwarp_nic.dma import DmaMaster
 from iwarp_tb.amsim import run
 from iwarp_tb.beats import Packet
 from iwarp_tb.dma_clients import commands, read_client, write_client
+from iwarp_tb.streams import AmaranthBus, StreamPort, recv, send
 
 SIZE = 16 * 1024
 BASE = 0xFFFF_F000_7FFF_0000    # high address bits set: the whole 64-bit decode is used
@@ -44,16 +46,46 @@ def _within(cmds, lo, hi):
     return [(a, k) for a, k in cmds if lo <= a and a + k <= hi]
 
 
+def _word_port(ram, rng, memory, writes, reads):
+    """Testbenches for the word port: ``writes`` (then their answers), and once all are
+    answered ``reads``; returns them and the list the read answers go to. ``memory`` (the
+    reference) gets the writes' strobed octets, in the word their address falls in."""
+    n, got = ram.data_bytes, []
+    for w in writes:
+        for lane in range(n):
+            if w["strb"] >> lane & 1:
+                memory[w["addr"] // n * n + lane] = w["data"] >> 8 * lane & 0xFF
+
+    async def writer(ctx):
+        await send(AmaranthBus(ctx), StreamPort.amaranth(ram.i_write), writes, rng=rng,
+                   idle=0.3)
+
+    async def reader(ctx):
+        bus = AmaranthBus(ctx)
+        done = await recv(bus, StreamPort.amaranth(ram.o_write_done), len(writes), rng=rng,
+                          stall=0.3)
+        assert done == [{"error": 0}] * len(writes)
+        asker = StreamPort.amaranth(ram.i_read)
+        answers = StreamPort.amaranth(ram.o_read)
+        for r in reads:     # one at a time: send, then wait for the answer
+            await send(bus, asker, [r], rng=rng, idle=0.3)
+            got.extend(await recv(bus, answers, 1, rng=rng, stall=0.3))
+    return [writer, reader], got
+
+
 @pytest.mark.parametrize("n", (8, 16, 64))
 def test_dma_to_ram(n):
-    """Client 0 reads the initial contents of the RAM's upper half (and beyond its end and
-    below its start: DECERR) while the write client writes its lower half (and outside it);
-    once every write is done, client 1 reads each written range back."""
+    """Client 0 reads the initial contents of the RAM's second quarter (and beyond its end and
+    below its start: DECERR) while the write client writes its first (and outside it), and
+    the word port writes words of the third; once every write is done, client 1 reads each
+    written range back, and the word port reads its own words and words of the fourth
+    quarter."""
     rng = random.Random(f"ram{n}")
     init = rng.randbytes(SIZE)
-    half = BASE + SIZE // 2
+    quarter = SIZE // 4
+    half = BASE + quarter
     writes = _within(commands(rng, n, 30, BASE + 1, max_len=400)[0], BASE, half)
-    reads = _within(commands(rng, n, 30, half + 3, max_len=400)[0], half, BASE + SIZE)
+    reads = _within(commands(rng, n, 30, half + 3, max_len=400)[0], half, BASE + 2 * quarter)
     outside = [(BASE + SIZE + 5, 70), (BASE - 4096 + 17, 40), (BASE + 2 * SIZE, 8)]
     writes = writes[:8] + outside[:2] + writes[8:] + outside[2:]
     reads = reads[:5] + outside + reads[5:]
@@ -75,7 +107,14 @@ def test_dma_to_ram(n):
             await ctx.tick()
         await command_back(ctx)
 
-    run(dut, *benches, after_writes, reader_back, name=f"axi_ram_w{n}")
+    memory = bytearray(init)
+    words = rng.sample(range(2 * quarter, 3 * quarter, n), 40)
+    local_writes = [{"addr": a + rng.randrange(n), "data": rng.getrandbits(8 * n),
+                     "strb": rng.getrandbits(n)} for a in words]
+    local_reads = [{"addr": a + rng.randrange(n)}
+                   for a in words[:20] + rng.sample(range(3 * quarter, SIZE, n), 20)]
+    local, local_got = _word_port(dut.ram, random.Random(4), memory, local_writes, local_reads)
+    run(dut, *benches, after_writes, reader_back, *local, name=f"axi_ram_w{n}")
 
     def bad(a, k):
         return not BASE <= a < BASE + SIZE
@@ -85,11 +124,12 @@ def test_dma_to_ram(n):
     assert [bytes(p) for p, (a, k) in zip(got, [c for c in reads if c[1]])
             if not bad(a, k)] == [init[a - BASE:a - BASE + k] for a, k in reads
                                   if k and not bad(a, k)]
-    memory = bytearray(init)
     for (a, k), data in zip(writes, payloads):
         if not bad(a, k):
             memory[a - BASE:a - BASE + k] = data
     assert got_back == [Packet(bytes(memory[a - BASE:a - BASE + k])) for a, k in back]
+    assert local_got == [{"data": int.from_bytes(memory[r["addr"] // n * n:][:n], "little"),
+                          "error": 0} for r in local_reads]
 
 
 async def _write_burst(ctx, axi, addr, data, *, size, burst):

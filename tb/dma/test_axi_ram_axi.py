@@ -1,7 +1,7 @@
-"""AxiRam as generated Verilog (``iwarp_axi_ram_w8``, ``iwarp_axi_ram_w64``: 64 KiB at 0)
-under Verilator, driven by cocotbext-axi's ``AxiMaster``, an independent AXI4 manager (it
-splits at 4 KiB, strobes unaligned ends, and checks IDs and ``rlast``), with random pauses on
-all five channels.
+"""AxiRam's AXI4 port as generated Verilog (``iwarp_axi_ram_w8``, ``iwarp_axi_ram_w64``: 64 KiB
+at 0; the word port idle: ``hdl/tests/test_axi_ram.py`` covers it) under Verilator, driven by
+cocotbext-axi's ``AxiMaster``, an independent AXI4 manager (it splits at 4 KiB, strobes
+unaligned ends, and checks IDs and ``rlast``), with random pauses on all five channels.
 
 * ``random_access``: 200 writes and reads of random ranges (any alignment, 1 octet to 3 KiB,
   several in flight at once) against a bytearray of the whole RAM, then the whole RAM read
@@ -39,6 +39,8 @@ async def setup(dut):
                     master.write_if.b_channel, master.read_if.ar_channel,
                     master.read_if.r_channel):
         channel.set_pause_generator(pauses(random.Random(rng.random()), 0.3))
+    dut.s_axis_write_tvalid.value = 0           # the word port stays idle here
+    dut.s_axis_read_tvalid.value = 0
     await cocotb_env.start(dut)
     return rng, master
 
