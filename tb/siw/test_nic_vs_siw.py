@@ -6,6 +6,11 @@ required, MPA revision 1, peer-to-peer RTRs offered).
 * rping, the NIC as client (it asks for CRCs; it validates each of 5 pings, and siw's
   ``rping -s -v -C 5`` prints the 5 it served) and as server (siw's ``rping -c -v -C 5``
   prints 5 pings, the NIC's server prints the same data).
+* The memory target's host (``test_rping_target_vs_siw_client``): the board's plan
+  (:mod:`iwarp_nic.apps.target`) run by :class:`~iwarp_tb.target.ScriptedTarget` with
+  register and memory accesses only, in place of the driver, serves siw's ``rping -c -v -C
+  5``: 5 pings at the client, the MPA exchange it must give, the last ping's buffer in its
+  data region.
 * ucmatose (10 messages of 100 octets each way), the NIC as client (siw's responder sends its
   messages right behind the MPA Reply) and as server against the p2p build (its client's RTR
   comes first; without one the exchange deadlocks by RFC 5044 7.1.2: docs/siw.md).
@@ -32,10 +37,12 @@ required, MPA revision 1, peer-to-peer RTRs offered).
 import asyncio
 import dataclasses
 import os
+import random
 
 import pytest
 
 from iwarp_model import apps, perftest
+from iwarp_nic.apps.target import DATA, TargetPlan
 from iwarp_tb import tshark
 from iwarp_tb.impairment import CORE, check_seen
 from iwarp_tb.siw import image
@@ -43,6 +50,7 @@ from iwarp_tb.siw.guest import run_attached
 from iwarp_tb.siw.modelpeer import GUEST_IP, guest_ready, guest_result
 from iwarp_tb.siw.nicpeer import NIC_IP, NicCm, NicPeer
 from iwarp_tb.siw.perfcheck import check_capture, check_client, check_server
+from iwarp_tb.target import ScriptedTarget
 
 pytestmark = [pytest.mark.siw, pytest.mark.tshark, pytest.mark.xdist_group(name="siw")]
 
@@ -50,13 +58,16 @@ RUNS = image.SIW_BUILD / "runs" / "nic-vs-siw"
 COUNT = 5
 
 
-def boot(name, role, scenario, variant="stock", *, timeout=180, **nic_options):
+def boot(name, role, scenario, variant="stock", *, timeout=180, setup=None, **nic_options):
     """Boot ``variant`` with ``role``, put the NIC (a :class:`NicPeer` with
-    ``nic_options``) on its wire and return ``await scenario(nic, guest)``'s value with the
-    guest's result and the capture's path, all within ``timeout`` seconds."""
+    ``nic_options``, given to ``setup(nic)`` first) on its wire and return ``await
+    scenario(nic, guest)``'s value with the guest's result and the capture's path, all
+    within ``timeout`` seconds."""
     workdir = RUNS / name
     pcap = workdir / "nic.pcap"
     nic = NicPeer(pcap, **nic_options)     # built before the guest boots: it does not wait
+    if setup is not None:
+        setup(nic)
 
     async def main(port, guest):
         async with nic.attached(port):
@@ -190,6 +201,49 @@ def test_rping_nic_server_vs_siw_client(variant):
     assert [line for line in lines if line.startswith("server ping data: ")] == \
         pings("server ping data: ")
     check_exchange(pcap, variant, nic_initiator=False)
+    check_crcs(pcap, variant)
+
+
+def target_exchange(variant):
+    """The MPA exchange with the memory target (:mod:`iwarp_nic.apps.target`): siw's Request
+    as :func:`check_exchange` has it, the Reply in the Request's revision with CRCs, and with
+    revision 2 an IRD of 8 and an ORD of 1 (the Write RTR taken from the p2p build)."""
+    request = {"stock": ("02", "0", RPING_IRD_ORD), "crc": ("02", "1", RPING_IRD_ORD),
+               "rev1": ("01", "0", ""), "p2p": ("02", "0", "8001c001")}[variant]
+    reply = {"rev1": ("01", "1", ""), "p2p": ("02", "1", "80088001")}.get(
+        variant, ("02", "1", "00080001"))
+    return [request, reply]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_rping_target_vs_siw_client(variant):
+    """The memory target's host (:class:`~iwarp_tb.target.ScriptedTarget`: the plan the
+    board's gateware follows, run with 32-bit register and 8-octet memory accesses only, in
+    place of the driver) against siw's ``rping -c -v -C 5``: 5 pings validated by the
+    client, served by the target, the last one's buffer read into its data region."""
+    targets = []
+
+    def setup(nic):
+        nic.device = ScriptedTarget(nic.h, TargetPlan(), mac=nic.device.mac, ip=nic.device.ip,
+                                    keys=random.Random(variant).getrandbits(160))
+        targets.append(nic.device)
+
+    async def scenario(nic, guest):
+        await guest_result(guest, timeout=60)
+        return nic.device.memory.read(DATA, 64)         # while the NIC is there
+
+    data, result, pcap = boot(
+        f"rping-target-{variant}",
+        f"iwarp.role=rping-client iwarp.count={COUNT} iwarp.peer={NIC_IP}", scenario, variant,
+        setup=setup)
+    [target] = targets
+    assert result.rc == 0, result.transcript
+    assert result.pings == COUNT and result.fields["attempts"] == "1"
+    for line in pings("ping data: "):
+        assert line in result.output
+    assert target.pings == COUNT and target.log[0] == "accepted", target.log
+    assert data == apps.rping_pattern(COUNT - 1, 64)
+    assert exchange(pcap) == target_exchange(variant)
     check_crcs(pcap, variant)
 
 

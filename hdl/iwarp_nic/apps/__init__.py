@@ -3,6 +3,9 @@ command, event and byte-stream ports that make a node do something on its own.
 
 * :mod:`.echo`: :class:`~.echo.TcpEcho`, an echo server (RFC 862 over TCP) on one port, and
   :class:`~.echo.EchoNode`, a TCP node running it.
+* :mod:`.target`: :class:`~.target.TargetPlan`, what the host of a memory target board (a
+  NicCore with block RAM for host memory and no CPU) writes into the NIC's registers and its
+  RAM to register memory, accept connections and serve rping: the plan its gateware follows.
 """
 
 from .echo import EchoNode, TcpEcho
