@@ -34,6 +34,7 @@ def outermost():
 
 def tops():
     """``{module_name: factory}`` for every generated top-level module."""
+    from .apps.target_host import TargetHost
     from .axi_ram import AxiRam
     from .core import NicCore
     from .crc import CRC32CEngine, CRC32Engine
@@ -138,6 +139,9 @@ def tops():
     for n in (1, 8, 64):
         tops[f"iwarp_host_control_c16_w{n}"] = lambda n=n: HostControl(n)
     tops["iwarp_host_axil_manager_w4"] = lambda: AxiLiteManager(16, 4)
+    # A memory target's host (its plan's default sizes; board constants for the addresses).
+    tops["iwarp_target_host"] = lambda: TargetHost(mac=0x0200_0000_0005, ip=0xC0A8_0132,
+                                                   keys=0x5EED)
     # The ECPIX-5's arrangement: a two-byte node behind a GMII MAC in a domain of its own.
     tops["iwarp_tcp_node_w2_gmii"] = lambda: TcpNode(2, mac_bytes=1)
     tops["iwarp_beat_upsizer_w1_w8"] = lambda: BeatUpsizer(1, 8, err=True)

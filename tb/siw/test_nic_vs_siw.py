@@ -43,14 +43,17 @@ import pytest
 
 from iwarp_model import apps, perftest
 from iwarp_nic.apps.target import DATA, TargetPlan
+from iwarp_nic.apps.target_host import MemoryTarget
 from iwarp_tb import tshark
+from iwarp_tb.harness import Harness
 from iwarp_tb.impairment import CORE, check_seen
 from iwarp_tb.siw import image
 from iwarp_tb.siw.guest import run_attached
 from iwarp_tb.siw.modelpeer import GUEST_IP, guest_ready, guest_result
-from iwarp_tb.siw.nicpeer import NIC_IP, NicCm, NicPeer
+from iwarp_tb.siw.nicpeer import NIC_IP, NIC_MAC, NicCm, NicPeer
 from iwarp_tb.siw.perfcheck import check_capture, check_client, check_server
 from iwarp_tb.target import ScriptedTarget
+from iwarp_tb.tcprig import ip_int, mac_int
 
 pytestmark = [pytest.mark.siw, pytest.mark.tshark, pytest.mark.xdist_group(name="siw")]
 
@@ -243,6 +246,41 @@ def test_rping_target_vs_siw_client(variant):
         assert line in result.output
     assert target.pings == COUNT and target.log[0] == "accepted", target.log
     assert data == apps.rping_pattern(COUNT - 1, 64)
+    assert exchange(pcap) == target_exchange(variant)
+    check_crcs(pcap, variant)
+
+
+class _OwnHost:
+    """The host of a top that is its own host: nothing to do between slices."""
+
+    def service(self):
+        return 0
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_rping_memory_target_vs_siw_client(variant):
+    """The memory target in gateware (:class:`~iwarp_nic.apps.target_host.MemoryTarget`:
+    NicCore, block RAM and the host's state machine, no driver at all) against siw's ``rping
+    -c -v -C 5``: 5 pings validated by the client, counted by the target, the MPA exchange as
+    the plan gives it."""
+    top = MemoryTarget(8, mac=mac_int(NIC_MAC), ip=ip_int(NIC_IP),
+                       keys=random.Random(1).getrandbits(160))
+    made = (Harness("iwarp_memory_target_w8", top, phy="xgmii", clock_mhz=156.25, seed=1,
+                    params=("MemoryTarget", 8, NIC_MAC, NIC_IP, 1)), _OwnHost())
+
+    async def scenario(nic, guest):
+        await guest_result(guest, timeout=60)
+        return nic.h.get("pings"), nic.h.get("connected")
+
+    (pings_served, _), result, pcap = boot(
+        f"rping-memory-target-{variant}",
+        f"iwarp.role=rping-client iwarp.count={COUNT} iwarp.peer={NIC_IP}", scenario, variant,
+        made=made)
+    assert result.rc == 0, result.transcript
+    assert result.pings == COUNT and result.fields["attempts"] == "1"
+    for line in pings("ping data: "):
+        assert line in result.output
+    assert pings_served == COUNT
     assert exchange(pcap) == target_exchange(variant)
     check_crcs(pcap, variant)
 

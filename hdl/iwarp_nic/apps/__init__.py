@@ -6,6 +6,9 @@ command, event and byte-stream ports that make a node do something on its own.
 * :mod:`.target`: :class:`~.target.TargetPlan`, what the host of a memory target board (a
   NicCore with block RAM for host memory and no CPU) writes into the NIC's registers and its
   RAM to register memory, accept connections and serve rping: the plan its gateware follows.
+* :mod:`.target_host`: :class:`~.target_host.TargetHost`, that gateware (a state machine
+  with the plan's programs in a ROM), and :class:`~.target_host.MemoryTarget`, a NicCore with
+  block RAM for host memory and that host: a board's memory target without the board.
 """
 
 from .echo import EchoNode, TcpEcho

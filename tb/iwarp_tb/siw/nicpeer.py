@@ -83,13 +83,17 @@ class NicPeer:
 
     :meth:`attached` (an async context manager), or :meth:`start` and :meth:`close`, put it on
     a guest's netdev. ``impair``: the Link arguments of both ways of the wire (their random
-    draws from ``seed``); ``core``: NicCore parameters.
+    draws from ``seed``); ``core``: NicCore parameters. ``made``: ``(harness, host)`` in place
+    of the NicCore and its driver, ``host`` anything with a ``service()`` called between
+    slices (a board's top that is its own host: a no-op).
     """
 
-    def __init__(self, pcap, *, width=8, seed=1, slice_cycles=1000, impair=None, core=None):
+    def __init__(self, pcap, *, width=8, seed=1, slice_cycles=1000, impair=None, core=None,
+                 made=None):
         self.pcap_path, self.slice_cycles = pcap, slice_cycles
         self.impair, self.seed = impair, seed
-        self.h, self.device = one_nic(width, ip=NIC_IP, mac=NIC_MAC, seed=seed, **(core or {}))
+        self.h, self.device = made or one_nic(width, ip=NIC_IP, mac=NIC_MAC, seed=seed,
+                                              **(core or {}))
         self.links = {}
         self.netdev = self.pcap_writer = None
         self._tasks = []
