@@ -88,7 +88,7 @@ class TargetHost(wiring.Component):
         plan, conn = self.plan, self.conn
         start = plan.start(mac=self.mac, ip=self.ip, keys=self.keys)
         arm = plan.arm(conn)
-        programs = [start + arm, arm, plan.end(conn, abort=False), plan.end(conn, abort=True),
+        programs = [start + arm, plan.end(conn, abort=False), plan.end(conn, abort=True),
                     plan.accept(conn, _request(1)), plan.accept(conn, _request(2))]
         for ord_ in (0, 1):
             for rtr in _RTRS:
@@ -99,7 +99,7 @@ class TargetHost(wiring.Component):
             firsts.append(len(entries))
             entries += [(offset, word, k == len(program) - 1)
                         for k, (offset, word) in enumerate(program)]
-        firsts[_Program.ARM] = len(start)           # ARM is BOOT's tail
+        firsts.insert(_Program.ARM, len(start))     # ARM is BOOT's tail
         return entries, firsts
 
     def elaborate(self, platform):
