@@ -48,6 +48,9 @@ __all__ = [
 #: Board name -> module implementing it.
 BOARDS = {
     "ecpix5": "boards.ecpix5",
+    "butterstick": "boards.butterstick",
+    "colorlight_5a75b": "boards.colorlight_5a75b",
+    "ecpix5_echo": "boards.ecpix5_echo",
 }
 
 ROOT = Path(__file__).resolve().parents[1]

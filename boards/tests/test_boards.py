@@ -1,5 +1,7 @@
-"""Board flow tests: the PLL dividers and phase, the report, the ECPIX-5 top's constraints, and
-one real ECPIX-5 build (yosys, nextpnr, ecppack: about 9 minutes on 2 cores)."""
+"""Board flow tests: the PLL dividers and phase, the report, the tops' constraints (the three
+memory targets and the ECPIX-5 echo server), and one real build of the echo server (yosys,
+nextpnr, ecppack: about 9 minutes on 2 cores). The memory targets' builds (25-60 minutes
+each) are ``make bitstream``'s; their figures are in ``boards/README.md``."""
 
 import gc
 import json
@@ -12,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from amaranth.back import rtlil
 
-from boards import build, ecpix5
+from boards import build, butterstick, colorlight_5a75b, ecpix5, ecpix5_echo
 from boards.common import PLL_LIMITS, ClockTarget, Ecp5Pll, failures, pll_config, summarise
 
 
@@ -85,7 +87,8 @@ def test_unknown_board(capsys):
     with pytest.raises(SystemExit) as exit_info:
         build.main(["no_such_board"])
     assert exit_info.value.code != 0
-    assert "known boards: ecpix5" in capsys.readouterr().err
+    assert ("known boards: butterstick, colorlight_5a75b, ecpix5, ecpix5_echo"
+            in capsys.readouterr().err)
     with pytest.raises(KeyError, match="ecpix5"):
         build.load_board("no_such_board")
 
@@ -145,12 +148,12 @@ def test_pll_divided_output():
     gc.collect()
 
 
-def test_ecpix5_top_constraints():
+def test_ecpix5_echo_top_constraints():
     """The top's LPF: every clock constrained (the PHY's RXC too, which amaranth-boards leaves
     without one), the RGMII and LED pins placed."""
-    top = ecpix5.Top()
+    top = ecpix5_echo.Top()
     assert [c.name for c in top.clocks] == ["core", "mac", "rx", "osc"]
-    lpf = ecpix5.platform().prepare(top, name="top").files["top.lpf"]
+    lpf = ecpix5_echo.platform().prepare(top, name="top").files["top.lpf"]
     assert 'FREQUENCY NET "clk_core" 62500000.0 HZ;' in lpf
     assert 'FREQUENCY NET "clk_mac" 125000000.0 HZ;' in lpf
     assert 'FREQUENCY PORT "eth_rgmii_0__rx_clk__io" 125000000.0 HZ;' in lpf
@@ -160,11 +163,47 @@ def test_ecpix5_top_constraints():
         assert f'LOCATE COMP "{port}" SITE "{site}";' in lpf
 
 
+#: Per memory-target board: the oscillator's port and frequency, the PHY's RXC and TXC sites
+#: (the boards' schematics, as amaranth-boards places them), whether TXC is sent 90 degrees
+#: late, the DELAYG taps on RD/RX_CTL.
+TARGET_BOARDS = {
+    ecpix5: ("clk100_0__io", 100e6, "E11", "A12", True, 0),
+    butterstick: ("clk30_0__io", 30e6, "D11", "E15", True, 0),
+    colorlight_5a75b: ("clk25_0__io", 25e6, "M1", "M2", False, 80),
+}
+
+
+@pytest.mark.parametrize("board", TARGET_BOARDS, ids=lambda board: board.__name__)
+def test_target_top_constraints(board):
+    """A memory-target top's LPF and netlist: every clock constrained at its target, the PHY's
+    clock pins placed; the PLL makes 125 MHz exactly from the board's oscillator (and TXC's
+    90 degrees where the PHY adds no transmit delay); the receive delay lines where the PHY
+    adds no receive delay, on the five RD/RX_CTL pins only."""
+    osc, osc_hz, rxc, txc, shifted, taps = TARGET_BOARDS[board]
+    top = board.Top()
+    assert [c.name for c in top.clocks] == ["core", "mac", "rx", "osc"]
+    assert top.pll.f_out == 125_000_000 and top.pll.error == 0
+    files = board.platform().prepare(top, name="top").files
+    lpf, netlist = files["top.lpf"], files["top.il"]
+    assert 'FREQUENCY NET "clk_core" 62500000.0 HZ;' in lpf
+    assert 'FREQUENCY NET "clk_mac" 125000000.0 HZ;' in lpf
+    assert 'FREQUENCY PORT "eth_rgmii_0__rx_clk__io" 125000000.0 HZ;' in lpf
+    assert f'FREQUENCY PORT "{osc}" {osc_hz} HZ;' in lpf
+    for port, site in [("eth_rgmii_0__rx_clk__io", rxc), ("eth_rgmii_0__tx_clk__io", txc)]:
+        assert f'LOCATE COMP "{port}" SITE "{site}";' in lpf
+    assert ("CLKOS_CPHASE" in netlist) == shifted
+    delays = re.findall(r"cell \\DELAYG .*?end", netlist, re.S)
+    assert len(delays) == (5 if taps else 0)
+    for cell in delays:
+        assert re.search(rf"parameter \\DEL_VALUE {taps}\b", cell), cell
+
+
 @pytest.fixture(scope="module")
 def ecpix5_build(tmp_path_factory):
     """One real build of the ECPIX-5 top, shared by the tests below."""
     out = tmp_path_factory.mktemp("ecpix5")
-    result = subprocess.run([sys.executable, "-m", "boards.build", "ecpix5", "--out", str(out)],
+    result = subprocess.run([sys.executable, "-m", "boards.build", "ecpix5_echo", "--out",
+                             str(out)],
                             capture_output=True, text=True, cwd=build.ROOT, check=False)
     report_file = out / "report.json"
     assert report_file.exists(), result.stdout + result.stderr

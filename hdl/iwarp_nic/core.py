@@ -77,7 +77,10 @@ class NicCore(wiring.Component):
     Ports
     -----
     PHY pins : those of :class:`~.eth.GmiiMac` (``data_bytes`` 1) or :class:`~.eth.XgmiiMac`
-        (8), from the :class:`~.node.TcpNode`.
+        (8), from the :class:`~.node.TcpNode`. With ``mac_bytes`` (narrower than
+        ``data_bytes``), the MAC is of that width in the ``mac`` domain, behind
+        :class:`~.node.MacIp`'s clock-domain crossings: a GMII MAC at 125 MHz before a core
+        of 2 bytes at 62.5 MHz, say (the boards).
     s_axil : In(AxiLite(addr_width=16, data_bytes=4))
         The registers of :func:`~.host.nicmap.nic_map` (Verilog ``s_axil_*``).
     m_axi : Out(Axi4(addr_width=64, data_bytes=dma_bytes))
@@ -99,7 +102,7 @@ class NicCore(wiring.Component):
     """
 
     def __init__(self, data_bytes, *, conns=16, cqs=16, srqs=4, dma_bytes=8,
-                 stag_entries=4096, pd_bits=16, tcp=None):
+                 stag_entries=4096, pd_bits=16, tcp=None, mac_bytes=None):
         self.data_bytes = check_data_bytes(data_bytes)
         self.dma_bytes = check_data_bytes(dma_bytes, what="dma_bytes")
         if dma_bytes < 8:
@@ -110,8 +113,9 @@ class NicCore(wiring.Component):
         # planned segments per connection cover the engine's 64 KiB send ring (45 full ones).
         # ACKs ride on data segments where data follows (with data both ways, a pure ACK per
         # segment took 5% of the line).
-        self._node = TcpNode(data_bytes, engine={"conns": conns, "cut_slots": 64,
-                                                 "ack_with_data": True, **(tcp or {})})
+        self._node = TcpNode(data_bytes, mac_bytes=mac_bytes,
+                             engine={"conns": conns, "cut_slots": 64, "ack_with_data": True,
+                                     **(tcp or {})})
         self._engine = ConnectionsEngine(data_bytes, conns=conns, stag_entries=stag_entries,
                                          pd_bits=pd_bits)
         #: The longest ULPDU the receive path takes in: an FPDU whose ULPDU_Length is above it

@@ -84,11 +84,12 @@ class FakeNic:
 
 def served(steps, rng):
     """Run the host through ``steps``, each ``(action, until)``: ``action(nic, ram)`` at once,
-    then wait until ``until(nic, ram)``. Returns the fake NIC, the RAM and the ping count."""
+    then wait until ``until(nic, ram)``. Returns the fake NIC, the RAM, and a dict of the
+    ping count and ``(listening, connected)`` after each step (``lights``)."""
     dut = _HostOnBus()
     nic, ram = FakeNic(), bytearray(PLAN.ram_bytes)
     ram[:len(PLAN.image())] = PLAN.image()
-    ram_writes, result = [], {}
+    ram_writes, result = [], {"lights": []}
     host, target = dut.host, dut.target
 
     async def registers(ctx):
@@ -139,6 +140,8 @@ def served(steps, rng):
                     break
             else:
                 raise AssertionError(f"stuck: {until.__doc__}; writes {nic.writes[-5:]}")
+            await ctx.tick().repeat(200)            # the rest of the step's program
+            result["lights"].append((ctx.get(host.listening), ctx.get(host.connected)))
         result["pings"] = ctx.get(host.pings)
 
     run(dut, driver, monitors=[registers, register_reads, ram_writes_bench, ram_reads],
@@ -227,6 +230,7 @@ def test_accept_and_ping(name):
     assert writes[second:] == close + PLAN.arm(0)
     assert ram_writes == PLAN.read_patch(info_a) + PLAN.write_patch(info_b, 64)
     assert result["pings"] == 1
+    assert result["lights"] == [(1, 0), (0, 1), (0, 1), (0, 1), (0, 0), (1, 0)]
     pops = [w for w in nic.writes if w[0] == m.offset("startup_pop")]
     assert len(pops) == -(-len(request) // 4) and not nic.startup
 
@@ -246,3 +250,36 @@ def test_refused():
                                  (lambda nic, ram: nic.startup_frame(request), until)],
                                 random.Random(5))
     assert without_pops(nic.writes)[len(boot):] == abort and ram_writes == []
+
+
+def test_fault_waits_for_the_peer():
+    """A Terminate this end sent (FAULT): no register touched, so that the Terminate is not
+    dropped by a reset; the peer's FIN is answered with a close, the end re-arms."""
+    request = REQUESTS["crc"].encode()
+    boot = PLAN.start(mac=MAC, ip=IP, keys=KEYS) + PLAN.arm(0)
+    accept = PLAN.accept(0, request)
+    close = PLAN.end(0, abort=False)
+    n_accept = len(boot) + len(accept)
+
+    def writes_reach(count):
+        def until(nic, ram_writes):
+            """the register writes to reach a count"""
+            return len(without_pops(nic.writes)) >= count
+        return until
+
+    def event_popped(nic, ram_writes):
+        """the FAULT event popped"""
+        return not nic.events
+
+    steps = [(nothing, writes_reach(len(boot))),
+             (lambda nic, ram: nic.startup_frame(request), writes_reach(n_accept)),
+             (lambda nic, ram: nic.events.append((NicEventKind.FAULT, 0x1101, 0)),
+              event_popped),
+             (lambda nic, ram: nic.events.append((NicEventKind.TCP, 1, 0)),
+              writes_reach(n_accept + len(close))),
+             (lambda nic, ram: nic.events.append((NicEventKind.TCP, 3, 0)),
+              writes_reach(n_accept + len(close) + len(PLAN.arm(0))))]
+    nic, ram_writes, result = served(steps, random.Random(9))
+    assert without_pops(nic.writes)[n_accept:] == close + PLAN.arm(0)
+    assert result["lights"] == [(1, 0), (0, 1), (0, 0), (0, 0), (1, 0)]
+    assert ram_writes == []

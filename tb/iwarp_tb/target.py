@@ -104,8 +104,11 @@ class ScriptedTarget:
             self.connections += 1
             self._arm()
         elif kind in (NicEventKind.FAULT, NicEventKind.TERMINATE):
+            # Our Terminate must reach the peer (a reset would drop it from the send ring),
+            # which then closes: its FIN is answered. The peer's Terminate is in: reset.
             self.log.append(f"{kind.name} {code:#06x}")
-            self._run(self.plan.end(self.conn, abort=True))
+            if kind == NicEventKind.TERMINATE:
+                self._run(self.plan.end(self.conn, abort=True))
 
     def _completion(self):
         """Act on the completion at the head of the queue, if the NIC has written it."""

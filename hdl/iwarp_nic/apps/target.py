@@ -87,13 +87,15 @@ def _pack(layout, fields):
 
 @dataclass(frozen=True)
 class TargetPlan:
-    """The plan for a NicCore of ``conns``, ``cqs`` and ``srqs`` (its register map and
-    command layouts) with ``ram_bytes`` of RAM (a power of two, 8 KiB or more)."""
+    """The plan for a NicCore of ``conns``, ``cqs``, ``srqs`` and ``stag_entries`` (its
+    register map and command layouts) with ``ram_bytes`` of RAM (a power of two, 8 KiB or
+    more)."""
 
     ram_bytes: int = 32768
     conns: int = 16
     cqs: int = 16
     srqs: int = 4
+    stag_entries: int = 4096
 
     def __post_init__(self):
         if self.ram_bytes < 2 * DATA or self.ram_bytes & (self.ram_bytes - 1):
@@ -106,7 +108,7 @@ class TargetPlan:
     @property
     def layouts(self):
         return command_layouts(conns=self.conns, cqs=self.cqs, srqs=self.srqs, pd_bits=16,
-                               stag_entries=4096)
+                               stag_entries=self.stag_entries)
 
     # -- the RAM -------------------------------------------------------------------------
 

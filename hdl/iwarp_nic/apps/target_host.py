@@ -54,13 +54,16 @@ class TargetHost(wiring.Component):
         NicCore's registers (``s_axil``).
     o_ram_write, i_ram_write_done, o_ram_read, i_ram_read
         The RAM's word port (:class:`~iwarp_nic.axi_ram.AxiRam`, 8-octet words).
+    listening : Out(1)
+        The connection slot listens: armed, and no peer's MPA Request taken since.
     connected : Out(1)
         A connection has been accepted and not ended.
     pings : Out(16)
         rping's pings served (a count that wraps).
     refused : Out(1)
-        A one-cycle pulse when a connection is aborted: a Request the plan does not take, a
-        Terminate either way, or a completion in error.
+        A one-cycle pulse when a connection is given up: a Request the plan does not take,
+        a Terminate either way, or a completion in error. Each is reset but for a Terminate
+        this end sent: the peer closes after it (a reset would drop it from the send ring).
 
     It starts as soon as reset ends. One register or RAM access at a time; an event or a
     completion takes a few tens of accesses (a ping about 40), each a few cycles.
@@ -76,6 +79,7 @@ class TargetHost(wiring.Component):
             "i_ram_write_done": In(stream.Signature(WriteDone)),
             "o_ram_read": Out(stream.Signature(ReadRequest(offset_bits))),
             "i_ram_read": In(stream.Signature(ReadDone(8))),
+            "listening": Out(1),
             "connected": Out(1),
             "pings": Out(16),
             "refused": Out(1),
@@ -157,11 +161,14 @@ class TargetHost(wiring.Component):
             access(self.o_ram_read, self.i_ram_read, {"addr": offset},
                    lambda answer: then(answer.data))
 
+        arming = Signal()                   # the program running ends in a listen
+
         def run(program):
-            m.d.sync += pc.eq(firsts[program])
+            m.d.sync += [pc.eq(firsts[program]),
+                         arming.eq(program in (_Program.BOOT, _Program.ARM))]
             fsm.goto("RUN")
 
-        def abort():
+        def give_up():
             m.d.comb += self.refused.eq(1)
             m.d.sync += self.connected.eq(0)
             run(_Program.ABORT)
@@ -176,6 +183,7 @@ class TargetHost(wiring.Component):
             def next_entry():
                 m.d.sync += pc.eq(add(pc, 1))
                 with m.If(rom_read.data[48]):
+                    m.d.sync += self.listening.eq(arming)
                     fsm.goto("EVENT_LO")
             reg_write(rom_read.data[:16], rom_read.data[16:48], next_entry)
 
@@ -259,11 +267,12 @@ class TargetHost(wiring.Component):
             fsm.goto("EVENT_LO")
             with m.If(eq(ev_conn, conn)):
                 with m.If(eq(ev_kind, NicEventKind.STARTUP)):
+                    m.d.sync += self.listening.eq(0)
                     with m.If(good):
-                        m.d.sync += [pc.eq(accept_first), self.connected.eq(1)]
+                        m.d.sync += [pc.eq(accept_first), arming.eq(0), self.connected.eq(1)]
                         fsm.goto("RUN")
                     with m.Else():
-                        abort()
+                        give_up()
                 with m.Elif(eq(ev_kind, NicEventKind.TCP)):
                     with m.If(eq(ev_code[:3], 1)):                  # PEER_FIN
                         m.d.sync += self.connected.eq(0)
@@ -272,8 +281,13 @@ class TargetHost(wiring.Component):
                         m.d.sync += [self.connected.eq(0), rq_tail.eq(1 << RQ_LOG2),
                                      sq_tail.eq(0), phase.eq(0)]
                         run(_Program.ARM)
-                with m.Elif(one_of(ev_kind, (NicEventKind.FAULT, NicEventKind.TERMINATE))):
-                    abort()
+                with m.Elif(eq(ev_kind, NicEventKind.FAULT)):
+                    # Our Terminate must reach the peer (a reset would drop it from the send
+                    # ring), which then closes the stream: its FIN is answered.
+                    m.d.comb += self.refused.eq(1)
+                    m.d.sync += self.connected.eq(0)
+                with m.Elif(eq(ev_kind, NicEventKind.TERMINATE)):
+                    give_up()
 
         # -- the completion queue, by its owner bits ---------------------------------------
         assert CQ % (CQE_BYTES << CQ_LOG2) == 0 and CQE_BYTES == 32
@@ -308,7 +322,7 @@ class TargetHost(wiring.Component):
             fsm.goto("EVENT_LO")
             with m.If(eq(qp, conn)):
                 with m.If(ne(status, 0)):
-                    abort()
+                    give_up()
                 with m.Elif(eq(kind, 1)):                           # a receive
                     fsm.goto("INFO0")
         buffers = [RECV + RECV_BYTES * k for k in range(1 << RQ_LOG2)]
@@ -381,22 +395,23 @@ class MemoryTarget(wiring.Component):
     address 0) and a :class:`TargetHost` on its registers. ``core``: further NicCore
     parameters (its sizes must be the plan's).
 
-    Ports: NicCore's PHY pins, and :class:`TargetHost`'s ``connected``, ``pings`` and
-    ``refused`` (for LEDs).
+    Ports: NicCore's PHY pins, and :class:`TargetHost`'s ``listening``, ``connected``,
+    ``pings`` and ``refused`` (for LEDs).
     """
 
     def __init__(self, data_bytes, plan=None, *, mac, ip, keys, **core):
         from ..axi_ram import AxiRam
         from ..core import NicCore
         self.plan = TargetPlan() if plan is None else plan
-        sizes = {"conns": self.plan.conns, "cqs": self.plan.cqs, "srqs": self.plan.srqs}
+        sizes = {"conns": self.plan.conns, "cqs": self.plan.cqs, "srqs": self.plan.srqs,
+                 "stag_entries": self.plan.stag_entries}
         self._core = NicCore(data_bytes, **sizes, **core)
         self._ram = AxiRam(self._core.dma_bytes, self.plan.ram_bytes,
                            init=self.plan.image())
         self._host = TargetHost(self.plan, mac=mac, ip=ip, keys=keys)
         self._pins = dict(self._core._pins)
-        super().__init__({**self._pins, "connected": Out(1), "pings": Out(16),
-                          "refused": Out(1)})
+        super().__init__({**self._pins, "listening": Out(1), "connected": Out(1),
+                          "pings": Out(16), "refused": Out(1)})
 
     def elaborate(self, platform):
         from ..node import forward
@@ -411,6 +426,6 @@ class MemoryTarget(wiring.Component):
         wiring.connect(m, ram.o_write_done, host.i_ram_write_done)
         wiring.connect(m, host.o_ram_read, ram.i_read)
         wiring.connect(m, ram.o_read, host.i_ram_read)
-        m.d.comb += [self.connected.eq(host.connected), self.pings.eq(host.pings),
-                     self.refused.eq(host.refused)]
+        m.d.comb += [getattr(self, name).eq(getattr(host, name))
+                     for name in ("listening", "connected", "pings", "refused")]
         return m

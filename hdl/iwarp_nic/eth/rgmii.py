@@ -11,7 +11,8 @@ From the RGMII 2.0 signal definitions and functional description:
 * Timing: a clock edge must reach the receiver 1.0-2.6 ns after the data it samples (TskewR).
   Version 1.3 left that delay to the board traces; version 2.0 lets the sender or the receiver
   add it inside the chip ("RGMII-ID"). :class:`RgmiiPins` can shift ``TXC`` itself (a clock
-  domain 90 degrees late, 2 ns at 125 MHz) and expects ``RXC`` already delayed by the PHY.
+  domain 90 degrees late, 2 ns at 125 MHz) and delay ``RD``/``RX_CTL`` (ECP5 ``DELAYG``) where
+  the PHY does not delay ``RXC``.
 * While ``RX_DV`` is low, ``RD`` may carry the PHY's in-band status; it is ignored here.
 
 This module works on *per-edge values*: a pin's two values of one clock cycle as
@@ -19,14 +20,26 @@ This module works on *per-edge values*: a pin's two values of one clock cycle as
 exactly the ``i``/``o`` members of ``amaranth.lib.io.DDRBuffer``. :class:`RgmiiRx`,
 :class:`RgmiiTx`, :class:`GmiiRxCrossing` and :class:`RgmiiAdapter` are plain synchronous logic
 that simulates in Amaranth; :class:`RgmiiPins` puts the platform's DDR I/O buffers (``IDDRX1F``/
-``ODDRX1F`` on ECP5) between them and the pins.
+``ODDRX1F`` on ECP5) between them and the pins, and :class:`RgmiiPinsModel` does their job in
+logic a simulator runs.
 
 Only 1000 Mb/s is supported: at 10/100 Mb/s RGMII sends each nibble on both edges of a 2.5/25 MHz
 clock, which this adapter does not decode (frames received then fail their FCS and are dropped;
 frames sent are garbled). :class:`RxClockMeter` reports whether ``RXC`` runs at the gigabit rate.
 """
 
-from amaranth import DomainRenamer, Module, Signal
+from amaranth import (
+    Cat,
+    ClockDomain,
+    ClockSignal,
+    Const,
+    DomainRenamer,
+    Instance,
+    Module,
+    Mux,
+    ResetSignal,
+    Signal,
+)
 from amaranth.lib import data, io, wiring
 from amaranth.lib.cdc import FFSynchronizer
 from amaranth.lib.wiring import In, Out
@@ -36,7 +49,7 @@ from ..stream import SkidBuffer
 from .cdc import MacRxCrossing
 
 __all__ = ["EdgePair", "GMII_RX_PINS", "GMII_TX_PINS", "RGMII_EDGES", "RgmiiRx", "RgmiiTx",
-           "GmiiRxCrossing", "RxClockMeter", "RgmiiAdapter", "RgmiiPins"]
+           "GmiiRxCrossing", "RxClockMeter", "RgmiiAdapter", "RgmiiPins", "RgmiiPinsModel"]
 
 #: GMII pin names of :class:`~.gmii.GmiiMac`, receive side (into the MAC) and transmit side.
 GMII_RX_PINS = ("gmii_rxd", "gmii_rx_dv", "gmii_rx_er")
@@ -325,29 +338,37 @@ class RgmiiAdapter(wiring.Component):
 
 class RgmiiPins(wiring.Component):
     """The platform layer: an RGMII resource's data pins as the per-edge values of
-    :data:`RGMII_EDGES`, through the platform's ``io.DDRBuffer`` (``IDDRX1F``/``ODDRX1F`` on
-    ECP5). Connect ``phy`` to :attr:`RgmiiAdapter.phy` with ``wiring.connect``.
+    :data:`RGMII_EDGES`, through the platform's DDR I/O (``IDDRX1F``/``ODDRX1F`` on ECP5).
+    Connect ``phy`` to :attr:`RgmiiAdapter.phy` with ``wiring.connect``.
 
     ``resource`` is the RGMII resource requested with ``dir="-"`` for ``rx_data``, ``rx_ctl``
     (or ``rx_ctrl``), ``tx_clk``, ``tx_data`` and ``tx_ctl`` (or ``tx_ctrl``), the amaranth-boards
     names; its ``rx_clk``, requested as an input, is the clock of ``rx_domain``, which the design
     defines (and constrains: amaranth-boards gives it no frequency).
 
-    * ``RD``/``RX_CTL`` are sampled on the edges of ``RXC`` with no delay added: the PHY must
-      delay ``RXC`` itself (RGMII-ID, e.g. an RTL8211E with its RXDLY strap set).
+    * ``RD``/``RX_CTL`` are sampled on the edges of ``RXC``. With ``rx_delay_taps`` 0 nothing
+      is added: the PHY must delay ``RXC`` itself (RGMII-ID, e.g. an RTL8211E with its RXDLY
+      strap set, or a KSZ9031's default skews). Otherwise each of them passes an ECP5
+      ``DELAYG`` of that many taps (about 25 ps each; 80 for RGMII's 2 ns) on its way to the
+      ``IDDRX1F``: the delay the PHY does not add (a Broadcom B50612D at its defaults).
     * ``TD``/``TX_CTL`` are driven from ``sync``. ``TXC`` is a DDR output of ``1, 0`` clocked by
       ``tx_clock_domain``: with a copy of ``sync`` 90 degrees late (2 ns at 125 MHz) the PHY sees
       its clock edges in the middle of the data, as RGMII 2.0 wants when the PHY adds no
       transmit delay; with ``"sync"`` itself, the PHY must add it (TXDLY strap).
 
     Latencies are the platform's DDR buffer's (``ODDRX1F`` adds two cycles, the same for data
-    and control, so they stay aligned). Only for a platform with DDR I/O: it does not simulate.
+    and control, so they stay aligned). Only for a platform with DDR I/O: a simulator takes
+    :class:`RgmiiPinsModel` in its place.
     """
 
-    def __init__(self, resource, *, rx_domain="rgmii_rx", tx_clock_domain="sync"):
+    def __init__(self, resource, *, rx_domain="rgmii_rx", tx_clock_domain="sync",
+                 rx_delay_taps=0):
+        if not 0 <= rx_delay_taps < 128:
+            raise ValueError(f"rx_delay_taps must be 0 to 127 (DELAYG), not {rx_delay_taps}")
         self._resource = resource
         self._rx = rx_domain
         self._tx_clock = tx_clock_domain
+        self._rx_delay = rx_delay_taps
         super().__init__({"phy": In(RGMII_EDGES)})
 
     @staticmethod
@@ -356,18 +377,74 @@ class RgmiiPins(wiring.Component):
         alias = name.replace("_ctl", "_ctrl")
         return getattr(resource, name) if hasattr(resource, name) else getattr(resource, alias)
 
+    def _sampled(self, m, name, pin):
+        """``pin``'s per-edge values on ``RXC``, through a ``DELAYG`` if asked for."""
+        if not self._rx_delay:
+            m.submodules[name] = buffer = io.DDRBuffer("i", pin, i_domain=self._rx)
+            return buffer.i
+        m.submodules[name] = buffer = io.Buffer("i", pin)
+        values = Signal(EdgePair(len(pin)), name=f"{name}_edges")
+        for bit in range(len(pin)):
+            delayed = Signal(name=f"{name}_delayed{bit}")
+            m.submodules[f"{name}_delay{bit}"] = Instance(
+                "DELAYG", p_DEL_MODE="USER_DEFINED", p_DEL_VALUE=self._rx_delay,
+                i_A=buffer.i[bit], o_Z=delayed)
+            m.submodules[f"{name}_ddr{bit}"] = Instance(
+                "IDDRX1F", i_SCLK=ClockSignal(self._rx), i_RST=Const(0), i_D=delayed,
+                o_Q0=values[0][bit], o_Q1=values[1][bit])
+        return values
+
     def elaborate(self, platform):
         m = Module()
         res = self._resource
-        m.submodules.rd = rd = io.DDRBuffer("i", res.rx_data, i_domain=self._rx)
-        m.submodules.rx_ctl = rx_ctl = io.DDRBuffer("i", self._pin(res, "rx_ctl"),
-                                                    i_domain=self._rx)
+        rd = self._sampled(m, "rd", res.rx_data)
+        rx_ctl = self._sampled(m, "rx_ctl", self._pin(res, "rx_ctl"))
         m.submodules.td = td = io.DDRBuffer("o", res.tx_data)
         m.submodules.tx_ctl = tx_ctl = io.DDRBuffer("o", self._pin(res, "tx_ctl"))
         m.submodules.txc = txc = io.DDRBuffer("o", res.tx_clk, o_domain=self._tx_clock)
         m.d.comb += [
-            self.phy.rd.eq(rd.i), self.phy.rx_ctl.eq(rx_ctl.i),
+            self.phy.rd.eq(rd), self.phy.rx_ctl.eq(rx_ctl),
             td.o.eq(self.phy.td), tx_ctl.o.eq(self.phy.tx_ctl),
             txc.o[0].eq(1), txc.o[1].eq(0),
         ]
+        return m
+
+
+class RgmiiPinsModel(wiring.Component):
+    """:class:`RgmiiPins` in plain logic, for a simulator (Verilator): the RGMII pins as ports,
+    sampled and driven on both edges, so that an RGMII PHY model (cocotbext-eth's
+    ``RgmiiPhy``) can stand on them. Not for synthesis: it clocks flip-flops on the falling
+    edge of ``RXC`` and multiplexes ``TD`` by the level of the ``sync`` clock.
+
+    * ``rd``/``rx_ctl`` are sampled at each rising edge of ``rx_domain``'s clock and at the
+      falling edge after it; the pair reaches ``phy`` at the next rising edge (one cycle, as
+      ``IDDRX1F``). The PHY model must hold each nibble across the edge that samples it.
+    * ``td``/``tx_ctl`` carry ``phy``'s element 0 while the ``sync`` clock is high and element
+      1 while it is low, from a register loaded at each rising edge (one cycle).
+    * ``txc`` is ``tx_clock_domain``'s clock: a copy of ``sync`` 90 degrees late puts its
+      edges in the middle of the data, where the PHY model samples.
+    """
+
+    def __init__(self, *, rx_domain="rgmii_rx", tx_clock_domain="sync"):
+        self._rx = rx_domain
+        self._tx_clock = tx_clock_domain
+        super().__init__({"phy": In(RGMII_EDGES), "rd": In(4), "rx_ctl": In(1),
+                          "td": Out(4), "tx_ctl": Out(1), "txc": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.domains.rx_fall = ClockDomain("rx_fall", clk_edge="neg", local=True)
+        m.d.comb += [ClockSignal("rx_fall").eq(ClockSignal(self._rx)),
+                     ResetSignal("rx_fall").eq(ResetSignal(self._rx))]
+        pins = Cat(self.rd, self.rx_ctl)
+        rise, fall = Signal.like(pins), Signal.like(pins)
+        m.d[self._rx] += rise.eq(pins)
+        m.d.rx_fall += fall.eq(pins)
+        m.d[self._rx] += [Cat(self.phy.rd[0], self.phy.rx_ctl[0]).eq(rise),
+                          Cat(self.phy.rd[1], self.phy.rx_ctl[1]).eq(fall)]
+        first, second = Signal(5), Signal(5)
+        m.d.sync += [first.eq(Cat(self.phy.td[0], self.phy.tx_ctl[0])),
+                     second.eq(Cat(self.phy.td[1], self.phy.tx_ctl[1]))]
+        m.d.comb += [Cat(self.td, self.tx_ctl).eq(Mux(ClockSignal("sync"), first, second)),
+                     self.txc.eq(ClockSignal(self._tx_clock))]
         return m

@@ -1,0 +1,308 @@
+"""The memory target on a board (issue 8): what every board's top shares.
+
+A board serves as an iWARP memory target with no host CPU: Linux with siw (or any iWARP
+peer) runs ``rping -c -a <board's address> -p 7174`` against it and RDMA Writes and Reads
+its data region (``docs/architecture.md``, Boards):
+
+::
+
+  RJ45 ─ PHY ═ RGMII ═ RgmiiPins ─ RgmiiAdapter ─ GMII ─ MemoryTarget: NicCore's MAC (1 byte, mac)
+                                                  ═ crossings ═ NicCore (CORE_BYTES, sync)
+                                                                 ├ AxiRam (host memory)
+                                                                 └ TargetHost (the plan)
+
+:class:`TargetCore` is all of it but the clocks and the pins, so it simulates
+(:class:`TargetSim` puts :class:`~iwarp_nic.eth.rgmii.RgmiiPinsModel` on its pins for
+Verilator; ``tb/board``). :class:`TargetTop` adds what a board has: the PLL, the PHY's
+reset, the DDR pins and the lights. A board module describes its board in a
+:class:`TargetBoard` and calls :class:`TargetTop` with it.
+
+Clocks (every board):
+
+* ``osc``: the board's oscillator: the PHY's reset (held :data:`PHY_RESET_CYCLES`-ish 20 ms
+  after configuration and while the button is pressed) and the heartbeat.
+* ``mac`` (``clk_mac``): 125 MHz, an EHXPLLL's CLKOP from the oscillator: the RGMII adapter
+  and the MAC at one byte per cycle; ``TD``/``TX_CTL`` leave from it.
+* ``sync`` (``clk_core``): 62.5 MHz, the PLL's CLKOS2: NicCore at :data:`CORE_BYTES` per
+  cycle, the RAM and the host, behind NicCore's clock-domain crossings.
+* ``tx90`` (boards whose PHY adds no transmit delay): the PLL's CLKOS, ``clk_mac`` 90 degrees
+  (2 ns) late, only for the DDR output that makes ``TXC``.
+* ``rgmii_rx`` (``rgmii_rx_clk``): the PHY's ``RXC``.
+
+The lights (:class:`TargetCore`'s ports, each board maps them to its LEDs): ``link`` (``RXC``
+runs at 125 MHz: a 1000 Mb/s link), ``activity`` (a frame in or out in the last ~34 ms),
+``connected`` (a connection accepted and not ended), ``error`` (in the last ~1 s a connection
+was aborted: a Request refused, a Terminate, a completion in error) and the heartbeat (~1 Hz
+from the oscillator).
+"""
+
+import ipaddress
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from amaranth import (
+    ClockDomain,
+    ClockSignal,
+    DomainRenamer,
+    Elaboratable,
+    Module,
+    ResetSignal,
+    Signal,
+)
+from amaranth.lib import io, wiring
+from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
+from amaranth.lib.wiring import In, Out
+
+from iwarp_nic.apps.target import TargetPlan
+from iwarp_nic.apps.target_host import MemoryTarget
+from iwarp_nic.eth.rgmii import (
+    GMII_RX_PINS,
+    GMII_TX_PINS,
+    RGMII_EDGES,
+    RgmiiAdapter,
+    RgmiiPins,
+    RgmiiPinsModel,
+)
+
+from .common import ClockTarget, Ecp5Pll, pll_config
+
+__all__ = ["GMII_HZ", "CORE_HZ", "CORE_BYTES", "PLAN", "CORE", "MAC", "IP", "KEYS",
+           "PHY_RESET_SECONDS", "TargetBoard", "TargetCore", "TargetSim", "TargetTop"]
+
+#: The MAC's clock (GMII's rate) and the core's: two bytes at 62.5 MHz carry the line's one
+#: byte at 125 MHz, and give the core's paths twice the time (``boards/README.md``).
+GMII_HZ = 125_000_000
+CORE_HZ = 62_500_000
+CORE_BYTES = 2
+#: What the target serves: two connection slots (the host uses slot 0), two completion
+#: queues, two shared receive queues (the fewest NicCore takes), 16 STags, 32 KiB of RAM.
+PLAN = TargetPlan(ram_bytes=32768, conns=2, cqs=2, srqs=2, stag_entries=16)
+#: NicCore's TCP engine, sized for one connection at 1 Gb/s on a LAN: 16 KiB send rings
+#: (a window of 16 KiB covers 131 us at 1 Gb/s), a 32 KiB receive buffer, 4 out-of-order
+#: segments parked; its timers at the engine's defaults for the core clock.
+CORE = dict(tcp=dict(ring_bytes=16384, rx_buffer_bytes=32768, park_segments=4,
+                     clock_hz=CORE_HZ))
+#: Default addresses: a locally administered MAC, an address on 192.168.1.0/24.
+MAC = 0x02_00_00_00_00_08
+IP = "192.168.1.50"
+#: The TCP engine's secrets (RFC 6528's ISN key, 128 bits, and the lookup hash's, 32 bits),
+#: fixed in the bitstream: anyone who has it can predict ISNs. Pass your own to the top.
+KEYS = 0x6D65_6D6F_7279_2D74_6172_6765_742D_6973_6E6B_6579
+#: How long the PHY is held in reset after configuration or the button (RTL8211E: 10 ms at
+#: least; KSZ9031: 10 ms; B50612D: 2 us).
+PHY_RESET_SECONDS = 0.02
+
+_ACTIVITY_CYCLES = 1 << 22   # ~34 ms at 125 MHz
+_ERROR_CYCLES = 1 << 26      # ~1 s at 62.5 MHz
+
+
+def stretched(m, event, cycles, name, domain="sync"):
+    """High for ``cycles`` cycles of ``domain`` after each ``event`` (re-armed by each)."""
+    left = Signal(range(cycles), name=name)
+    with m.If(event):
+        m.d[domain] += left.eq(cycles - 1)
+    with m.Elif(left != 0):
+        m.d[domain] += left.eq(left - 1)
+    return left != 0
+
+
+class TargetCore(wiring.Component):
+    """The memory target behind RGMII's per-edge values: :class:`~iwarp_nic.eth.rgmii.
+    RgmiiAdapter` (``mac`` and ``rgmii_rx``) and :class:`~iwarp_nic.apps.target_host.
+    MemoryTarget` (its MAC in ``mac``, the rest in ``sync``), with ``plan`` and NicCore's
+    ``core`` parameters, at ``mac``/``ip`` with TCP ``keys`` (160 bits).
+
+    Ports
+    -----
+    phy : Out(RGMII_EDGES)
+        To :class:`~iwarp_nic.eth.rgmii.RgmiiPins` (or its model).
+    link, activity : Out(1), ``mac``
+        ``RXC`` at the gigabit rate; a frame in or out in the last ``activity_cycles``.
+    listening, connected, error : Out(1), ``sync``
+        Ready for a connection; a connection up; a connection given up in the last
+        ``error_cycles``.
+    pings : Out(16), ``sync``
+        rping's pings served (wraps).
+    """
+
+    def __init__(self, *, plan=PLAN, core=None, mac=MAC, ip=IP, keys=KEYS,
+                 core_bytes=CORE_BYTES, activity_cycles=_ACTIVITY_CYCLES,
+                 error_cycles=_ERROR_CYCLES):
+        self._rgmii = DomainRenamer("mac")(RgmiiAdapter(rx_domain="rgmii_rx"))
+        self._target = MemoryTarget(core_bytes, plan, mac=mac, ip=int(ipaddress.IPv4Address(ip)),
+                                    keys=keys, mac_bytes=1, **(CORE if core is None else core))
+        self._cycles = activity_cycles, error_cycles
+        super().__init__({"phy": Out(RGMII_EDGES), "link": Out(1), "activity": Out(1),
+                          "listening": Out(1), "connected": Out(1), "error": Out(1),
+                          "pings": Out(16)})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.rgmii = rgmii = self._rgmii
+        m.submodules.target = target = self._target
+        wiring.connect(m, wiring.flipped(self.phy), rgmii.phy)
+        m.d.comb += [getattr(target, name).eq(getattr(rgmii, name)) for name in GMII_RX_PINS]
+        m.d.comb += [getattr(rgmii, name).eq(getattr(target, name)) for name in GMII_TX_PINS]
+        activity_cycles, error_cycles = self._cycles
+        m.d.comb += [
+            self.link.eq(rgmii.gigabit),
+            self.activity.eq(stretched(m, target.gmii_rx_dv | target.gmii_tx_en,
+                                       activity_cycles, "activity_left", "mac")),
+            self.listening.eq(target.listening),
+            self.connected.eq(target.connected),
+            self.error.eq(stretched(m, target.refused, error_cycles, "error_left")),
+            self.pings.eq(target.pings),
+        ]
+        return m
+
+
+class TargetSim(wiring.Component):
+    """:class:`TargetCore` on :class:`~iwarp_nic.eth.rgmii.RgmiiPinsModel`, for Verilator:
+    every board's top but its PLL, reset logic and DDR primitives. Ports: the RGMII pins
+    (``rd``, ``rx_ctl`` in; ``td``, ``tx_ctl``, ``txc`` out), the lights, and the clocks and
+    resets: ``clk``/``rst`` (``sync``, the core), ``mac_clk``/``mac_rst``, ``tx90_clk``
+    (``mac_clk`` 90 degrees late: ``TXC``) and ``rgmii_rx_clk``/``rgmii_rx_rst`` (``RXC``).
+    The lights' times are a few cycles, not seconds. ``params``: :class:`TargetCore`'s."""
+
+    def __init__(self, **params):
+        self._core = TargetCore(activity_cycles=16, error_cycles=16, **params)
+        super().__init__({"mac_clk": In(1), "mac_rst": In(1), "tx90_clk": In(1),
+                          "rgmii_rx_clk": In(1), "rgmii_rx_rst": In(1),
+                          "rd": In(4), "rx_ctl": In(1), "td": Out(4), "tx_ctl": Out(1),
+                          "txc": Out(1), "link": Out(1), "activity": Out(1),
+                          "listening": Out(1), "connected": Out(1), "error": Out(1),
+                          "pings": Out(16)})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.domains.mac = ClockDomain("mac")
+        m.domains.tx90 = ClockDomain("tx90", reset_less=True)
+        m.domains.rgmii_rx = ClockDomain("rgmii_rx")
+        m.d.comb += [ClockSignal("mac").eq(self.mac_clk), ResetSignal("mac").eq(self.mac_rst),
+                     ClockSignal("tx90").eq(self.tx90_clk),
+                     ClockSignal("rgmii_rx").eq(self.rgmii_rx_clk),
+                     ResetSignal("rgmii_rx").eq(self.rgmii_rx_rst)]
+        m.submodules.core = core = self._core
+        m.submodules.pins = pins = DomainRenamer("mac")(
+            RgmiiPinsModel(rx_domain="rgmii_rx", tx_clock_domain="tx90"))
+        wiring.connect(m, core.phy, pins.phy)
+        m.d.comb += [pins.rd.eq(self.rd), pins.rx_ctl.eq(self.rx_ctl), self.td.eq(pins.td),
+                     self.tx_ctl.eq(pins.tx_ctl), self.txc.eq(pins.txc)]
+        m.d.comb += [getattr(self, name).eq(getattr(core, name))
+                     for name in ("link", "activity", "listening", "connected", "error",
+                                  "pings")]
+        return m
+
+
+@dataclass(frozen=True)
+class TargetBoard:
+    """What differs between boards.
+
+    ``osc``/``osc_hz``: the oscillator's resource and frequency; ``button``: the resource
+    that resets everything (pressed is 1); ``tx_shifted``: the PHY adds no delay on
+    ``TXC`` (we send it 90 degrees late); ``rx_delay_taps``: ``DELAYG`` taps on ``RD``/
+    ``RX_CTL`` where the PHY does not delay ``RXC`` (:class:`~iwarp_nic.eth.rgmii.
+    RgmiiPins`); ``lights(m, platform, lights)``: drives the board's LEDs from a dict of
+    one-bit signals (``link``, ``activity``, ``connected``, ``error``, ``heartbeat``,
+    ``phy_reset``, ``unlocked``); ``core``: NicCore's parameters, if not :data:`CORE`.
+    """
+
+    osc: str
+    osc_hz: int
+    button: str
+    tx_shifted: bool
+    rx_delay_taps: int
+    lights: Callable
+    core: dict = field(default=None)
+
+
+class TargetTop(Elaboratable):
+    """A board's memory target: ``board`` (a :class:`TargetBoard`), and :class:`TargetCore`'s
+    ``params`` (``mac``, ``ip``, ``keys``, ``plan``). ``clocks`` lists the clocks the build
+    report checks."""
+
+    def __init__(self, board, **params):
+        self.board = board
+        self.params = params
+        self.pll = pll_config(board.osc_hz, GMII_HZ, max_error=0)
+        self.clocks = (
+            ClockTarget("core", "clk_core", CORE_HZ),
+            ClockTarget("mac", "clk_mac", GMII_HZ),
+            ClockTarget("rx", "rgmii_rx_clk", GMII_HZ),
+            ClockTarget("osc", "clk_osc", board.osc_hz),
+        )
+
+    def elaborate(self, platform):
+        board = self.board
+        m = Module()
+
+        # Clocks and resets.
+        clk_osc = Signal()
+        clk_mac = Signal()
+        clk_core = Signal()
+        m.d.comb += clk_osc.eq(platform.request(board.osc, 0).i)
+        button = platform.request(board.button, 0).i
+        m.submodules.pll = pll = Ecp5Pll(self.pll, shifted_deg=90 if board.tx_shifted else None,
+                                         divided_by=GMII_HZ // CORE_HZ)
+        m.d.comb += [pll.clk_in.eq(clk_osc), clk_mac.eq(pll.clk_out),
+                     clk_core.eq(pll.clk_divided)]
+        platform.add_clock_constraint(clk_mac, GMII_HZ)
+        platform.add_clock_constraint(clk_core, CORE_HZ)
+        m.domains.osc = ClockDomain("osc")
+        m.domains.mac = ClockDomain("mac")
+        m.domains.sync = ClockDomain("sync")
+        m.domains.rgmii_rx = ClockDomain("rgmii_rx")
+        m.d.comb += [ClockSignal("osc").eq(clk_osc), ClockSignal("mac").eq(clk_mac),
+                     ClockSignal("sync").eq(clk_core)]
+        tx_clock = "sync"                           # renamed to mac with the pins below
+        if board.tx_shifted:
+            m.domains.tx90 = ClockDomain("tx90", reset_less=True)
+            m.d.comb += ClockSignal("tx90").eq(pll.clk_shifted)
+            tx_clock = "tx90"
+        m.submodules.osc_reset = ResetSynchronizer(button, domain="osc")
+        m.submodules.mac_reset = ResetSynchronizer(button | ~pll.locked, domain="mac")
+        m.submodules.core_reset = ResetSynchronizer(button | ~pll.locked, domain="sync")
+
+        # The PHY: reset, management pins idle (strapped defaults), RGMII through DDR buffers.
+        pins_of = platform.lookup("eth_rgmii", 0).ios
+        eth = platform.request("eth_rgmii", 0, dir={
+            pin.name: "-" for pin in pins_of if pin.name not in ("rst", "mdc", "mdio")})
+        # RXC: amaranth-boards gives it no frequency; constrained on the pin (the report
+        # finds it as the domain's clock, rgmii_rx_clk).
+        platform.add_clock_constraint(eth.rx_clk.io, GMII_HZ)
+        m.submodules.rxc = rxc = io.Buffer("i", eth.rx_clk)
+        m.d.comb += ClockSignal("rgmii_rx").eq(rxc.i)
+        reset_cycles = round(PHY_RESET_SECONDS * board.osc_hz)
+        phy_hold = Signal(range(reset_cycles + 1), init=reset_cycles)
+        with m.If(phy_hold != 0):
+            m.d.osc += phy_hold.eq(phy_hold - 1)
+        phy_in_reset = Signal()
+        m.d.osc += phy_in_reset.eq(phy_hold != 0)
+        m.d.comb += [eth.rst.o.eq(phy_in_reset), eth.mdc.o.eq(0), eth.mdio.oe.eq(0)]
+        m.submodules.rx_reset = ResetSynchronizer(button | ~pll.locked | phy_in_reset,
+                                                  domain="rgmii_rx")
+        m.submodules.pins = pins = DomainRenamer("mac")(RgmiiPins(
+            eth, rx_domain="rgmii_rx", tx_clock_domain=tx_clock,
+            rx_delay_taps=board.rx_delay_taps))
+
+        # The target.
+        params = dict(self.params)
+        if board.core is not None:
+            params.setdefault("core", board.core)
+        m.submodules.target = target = TargetCore(**params)
+        wiring.connect(m, target.phy, pins.phy)
+
+        # The lights.
+        heartbeat = Signal(range(board.osc_hz))
+        blink = Signal()
+        with m.If(heartbeat == 0):
+            m.d.osc += [heartbeat.eq(board.osc_hz // 2 - 1), blink.eq(~blink)]
+        with m.Else():
+            m.d.osc += heartbeat.eq(heartbeat - 1)
+        unlocked = Signal()
+        m.submodules.lock_sync = FFSynchronizer(~pll.locked, unlocked, o_domain="osc")
+        board.lights(m, platform, {
+            "link": target.link, "activity": target.activity, "connected": target.connected,
+            "error": target.error, "heartbeat": blink, "phy_reset": phy_in_reset,
+            "unlocked": unlocked})
+        return m
