@@ -9,6 +9,7 @@
 #   make verilog    every top-level module -> build/verilog/*.v, and build/include/iwarp_nic.h
 #   make lint       ruff, and verilator --lint-only -Wall on every top not part of another
 #   make bitstream BOARD=ecpix5   a board bitstream with utilisation and timing report
+#                                 (ecpix5, butterstick, colorlight_5a75b, ecpix5_echo)
 #   make siw-guest  the QEMU guest running Linux siw -> build/siw/<variant>/ (VARIANT=stock|crc|rev1|all)
 #   make interop    the simulated NIC against every siw build -> the README's interop matrix
 #   make fuzz       the full fuzz campaigns: 10^6 mutated frames into a NIC carrying traffic

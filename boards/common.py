@@ -12,11 +12,12 @@ import sys
 from dataclasses import dataclass
 from fractions import Fraction
 
-from amaranth import Const, Instance, Module
+from amaranth import Const, Instance, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 __all__ = [
+    "stretched",
     "PLL_LIMITS", "PllConfig", "pll_config", "Ecp5Pll",
     "ClockTarget", "UTILISATION_CELLS", "summarise", "failures", "format_summary",
 ]
@@ -326,3 +327,12 @@ def print_report(name, report, build_dir, artefacts) -> int:
         print(f"FAIL {problem} (logs in {build_dir})", file=sys.stderr)
     return 1 if problems else 0
 
+
+def stretched(m, event, cycles, name, domain="sync"):
+    """High for ``cycles`` cycles of ``domain`` after each ``event`` (re-armed by each)."""
+    left = Signal(range(cycles), name=name)
+    with m.If(event):
+        m.d[domain] += left.eq(cycles - 1)
+    with m.Elif(left != 0):
+        m.d[domain] += left.eq(left - 1)
+    return left != 0

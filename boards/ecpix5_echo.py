@@ -58,7 +58,7 @@ from iwarp_nic.apps import EchoNode
 from iwarp_nic.eth.rgmii import GMII_RX_PINS, GMII_TX_PINS, RgmiiAdapter, RgmiiPins
 from iwarp_nic.exact import add
 
-from .common import ClockTarget, Ecp5Pll, pll_config
+from .common import ClockTarget, Ecp5Pll, pll_config, stretched
 
 __all__ = ["CORE_HZ", "CORE_BYTES", "GMII_HZ", "OSC_HZ", "PHY_RESET_CYCLES", "MAC", "IP", "PORT",
            "ENGINE", "platform", "Top"]
@@ -103,16 +103,6 @@ def _changed(m, value, name, domain="sync"):
     last = Signal.like(low, name=f"{name}_last")
     m.d[domain] += last.eq(low)
     return low != last
-
-
-def _stretch(m, event, cycles, name, domain="sync"):
-    """High for ``cycles`` cycles of ``domain`` after each ``event`` (re-armed by each)."""
-    left = Signal(range(cycles), name=name)
-    with m.If(event):
-        m.d[domain] += left.eq(cycles - 1)
-    with m.Elif(left != 0):
-        m.d[domain] += left.eq(left - 1)
-    return left != 0
 
 
 class Top(Elaboratable):
@@ -216,16 +206,16 @@ class Top(Elaboratable):
         line_errors = [server.rx_bad_fcs, server.rx_phy_errors, server.rx_runts, server.rx_oversize,
                        server.rx_overflows, server.rx_crossing_overflows, server.tx_underruns,
                        rgmii.rx_underruns, rx_overflow_bit]
-        activity = _stretch(m, _changed(m, server.rx_frames_ok, "rx_ok", "mac")
+        activity = stretched(m, _changed(m, server.rx_frames_ok, "rx_ok", "mac")
                             | _changed(m, server.tx_frames, "tx", "mac"), _ACTIVITY_CYCLES,
                             "activity", "mac")
-        echoing = _stretch(m, _changed(m, server.accepted, "accepted")
+        echoing = stretched(m, _changed(m, server.accepted, "accepted")
                            | _changed(m, server.echoed_bytes, "echoed"), _ACTIVITY_CYCLES,
                            "echoing")
-        line_error = _stretch(m, Cat(_changed(m, counter, f"line_error{k}", "mac")
+        line_error = stretched(m, Cat(_changed(m, counter, f"line_error{k}", "mac")
                                      for k, counter in enumerate(line_errors)).any(),
                               _ERROR_CYCLES, "line_error", "mac")
-        tcp_error = _stretch(m, _changed(m, server.tcp_timeouts, "timeouts")
+        tcp_error = stretched(m, _changed(m, server.tcp_timeouts, "timeouts")
                              | _changed(m, server.tcp_resets, "resets"), _ERROR_CYCLES,
                              "tcp_error")
 

@@ -64,7 +64,7 @@ from iwarp_nic.eth.rgmii import (
     RgmiiPinsModel,
 )
 
-from .common import ClockTarget, Ecp5Pll, pll_config
+from .common import ClockTarget, Ecp5Pll, pll_config, stretched
 
 __all__ = ["GMII_HZ", "CORE_HZ", "CORE_BYTES", "PLAN", "CORE", "MAC", "IP", "KEYS",
            "PHY_RESET_SECONDS", "TargetBoard", "TargetCore", "TargetSim", "TargetTop"]
@@ -94,16 +94,6 @@ PHY_RESET_SECONDS = 0.02
 
 _ACTIVITY_CYCLES = 1 << 22   # ~34 ms at 125 MHz
 _ERROR_CYCLES = 1 << 26      # ~1 s at 62.5 MHz
-
-
-def stretched(m, event, cycles, name, domain="sync"):
-    """High for ``cycles`` cycles of ``domain`` after each ``event`` (re-armed by each)."""
-    left = Signal(range(cycles), name=name)
-    with m.If(event):
-        m.d[domain] += left.eq(cycles - 1)
-    with m.Elif(left != 0):
-        m.d[domain] += left.eq(left - 1)
-    return left != 0
 
 
 class TargetCore(wiring.Component):
