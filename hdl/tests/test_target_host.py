@@ -39,8 +39,8 @@ MAC, IP, KEYS = 0x0200_0000_0005, 0xC0A8_0132, 0x1234_5678_9ABC_DEF0_1122_3344_5
 
 
 class _HostOnBus(Elaboratable):
-    def __init__(self):
-        self.host = TargetHost(PLAN, mac=MAC, ip=IP, keys=KEYS)
+    def __init__(self, **host):
+        self.host = TargetHost(PLAN, mac=MAC, ip=IP, keys=KEYS, **host)
         self.target = AxiLiteTarget(16, 4)
 
     def elaborate(self, platform):
@@ -82,11 +82,11 @@ class FakeNic:
         self.events.append((NicEventKind.STARTUP, 0, len(octets)))
 
 
-def served(steps, rng):
+def served(steps, rng, **host):
     """Run the host through ``steps``, each ``(action, until)``: ``action(nic, ram)`` at once,
     then wait until ``until(nic, ram)``. Returns the fake NIC, the RAM, and a dict of the
     ping count and ``(listening, connected)`` after each step (``lights``)."""
-    dut = _HostOnBus()
+    dut = _HostOnBus(**host)
     nic, ram = FakeNic(), bytearray(PLAN.ram_bytes)
     ram[:len(PLAN.image())] = PLAN.image()
     ram_writes, result = [], {"lights": []}
@@ -283,3 +283,36 @@ def test_fault_waits_for_the_peer():
     assert without_pops(nic.writes)[n_accept:] == close + PLAN.arm(0)
     assert result["lights"] == [(1, 0), (0, 1), (0, 0), (0, 0), (1, 0)]
     assert ram_writes == []
+
+
+def test_silent_peer_is_reset():
+    """A peer connects (TCP's ESTABLISHED) and sends no Request: reset after the host's
+    ``startup_cycles``, and the slot armed again; a peer whose Request comes in time is
+    accepted as usual."""
+    boot = PLAN.start(mac=MAC, ip=IP, keys=KEYS) + PLAN.arm(0)
+    abort = PLAN.end(0, abort=True)
+    request = REQUESTS["stock"].encode()
+    accept = PLAN.accept(0, request)
+    clock = {"at": 0}
+
+    def writes_reach(count):
+        def until(nic, ram_writes):
+            """the register writes to reach a count"""
+            return len(without_pops(nic.writes)) >= count
+        return until
+
+    def connected(nic, ram):
+        nic.events.append((NicEventKind.TCP, 0, 0))
+
+    steps = [(nothing, writes_reach(len(boot))),
+             (connected, writes_reach(len(boot) + len(abort))),
+             (lambda nic, ram: nic.events.append((NicEventKind.TCP, 5, 0)),
+              writes_reach(len(boot) + len(abort) + len(PLAN.arm(0)))),
+             (connected, lambda nic, ram_writes: clock.update(at=clock["at"] + 1)
+              or clock["at"] > 1000),
+             (lambda nic, ram: nic.startup_frame(request),
+              writes_reach(len(boot) + len(abort) + len(PLAN.arm(0)) + len(accept)))]
+    nic, ram_writes, result = served(steps, random.Random(3), startup_cycles=3000)
+    writes = without_pops(nic.writes)
+    assert writes[len(boot):] == abort + PLAN.arm(0) + accept
+    assert result["lights"] == [(1, 0), (0, 0), (1, 0), (1, 0), (0, 1)]

@@ -65,13 +65,20 @@ class TargetHost(wiring.Component):
         a Terminate either way, or a completion in error. Each is reset but for a Terminate
         this end sent: the peer closes after it (a reset would drop it from the send ring).
 
+    A peer that completes TCP's handshake and sends no MPA Request within ``startup_cycles``
+    (2^27 by default: 2.1 s at 62.5 MHz) is reset, and the slot listens again: one silent
+    client must not hold the target.
+
     It starts as soon as reset ends. One register or RAM access at a time; an event or a
     completion takes a few tens of accesses (a ping about 40), each a few cycles.
     """
 
-    def __init__(self, plan=None, *, mac, ip, keys, conn=0):
+    def __init__(self, plan=None, *, mac, ip, keys, conn=0, startup_cycles=1 << 27):
+        if startup_cycles < 1:
+            raise ValueError(f"startup_cycles must be positive, not {startup_cycles}")
         self.plan = TargetPlan() if plan is None else plan
         self.mac, self.ip, self.keys, self.conn = mac, ip, keys, conn
+        self.startup_cycles = startup_cycles
         offset_bits = self.plan.ram_bytes.bit_length() - 1
         super().__init__({
             "m_axil": Out(AxiLite(addr_width=16, data_bytes=4)),
@@ -134,6 +141,10 @@ class TargetHost(wiring.Component):
         phase = Signal()
         patch = Signal(3)
         issued = Signal()                   # the current state's request is out
+        awaiting = Signal()                 # a peer connected and its Request not yet in
+        startup_left = Signal(range(self.startup_cycles + 1))
+        with m.If(awaiting & ~is_zero(startup_left)):
+            m.d.sync += startup_left.eq(startup_left - 1)
 
         def access(request, answer, fields, then):
             """Within a state: offer ``request`` (``fields`` of its payload) once, then take
@@ -170,7 +181,7 @@ class TargetHost(wiring.Component):
 
         def give_up():
             m.d.comb += self.refused.eq(1)
-            m.d.sync += self.connected.eq(0)
+            m.d.sync += [self.connected.eq(0), awaiting.eq(0)]
             run(_Program.ABORT)
 
         fsm = Machine(m, ["BOOT", "RUN", "EVENT_LO", "EVENT_HI", "STARTUP", "STARTUP_POP",
@@ -195,7 +206,11 @@ class TargetHost(wiring.Component):
             with m.Else():
                 fsm.goto("EVENT_HI")
         with fsm.state("EVENT_LO"):
-            reg_read(regmap.offset("event0"), took_lo)
+            with m.If(awaiting & is_zero(startup_left) & ~issued):   # the Request is late
+                m.d.sync += self.listening.eq(0)
+                give_up()
+            with m.Else():
+                reg_read(regmap.offset("event0"), took_lo)
 
         def took_hi(data):
             m.d.sync += [length.eq(data[:16]), words.eq(0), key_ok.eq(1)]
@@ -267,19 +282,21 @@ class TargetHost(wiring.Component):
             fsm.goto("EVENT_LO")
             with m.If(eq(ev_conn, conn)):
                 with m.If(eq(ev_kind, NicEventKind.STARTUP)):
-                    m.d.sync += self.listening.eq(0)
+                    m.d.sync += [self.listening.eq(0), awaiting.eq(0)]
                     with m.If(good):
                         m.d.sync += [pc.eq(accept_first), arming.eq(0), self.connected.eq(1)]
                         fsm.goto("RUN")
                     with m.Else():
                         give_up()
                 with m.Elif(eq(ev_kind, NicEventKind.TCP)):
-                    with m.If(eq(ev_code[:3], 1)):                  # PEER_FIN
+                    with m.If(is_zero(ev_code[:3])):                # ESTABLISHED
+                        m.d.sync += [awaiting.eq(1), startup_left.eq(self.startup_cycles)]
+                    with m.Elif(eq(ev_code[:3], 1)):                # PEER_FIN
                         m.d.sync += self.connected.eq(0)
                         run(_Program.CLOSE)
                     with m.Elif(one_of(ev_code[:3], (2, 3, 4, 5))):    # the slot is free
-                        m.d.sync += [self.connected.eq(0), rq_tail.eq(1 << RQ_LOG2),
-                                     sq_tail.eq(0), phase.eq(0)]
+                        m.d.sync += [self.connected.eq(0), awaiting.eq(0),
+                                     rq_tail.eq(1 << RQ_LOG2), sq_tail.eq(0), phase.eq(0)]
                         run(_Program.ARM)
                 with m.Elif(eq(ev_kind, NicEventKind.FAULT)):
                     # Our Terminate must reach the peer (a reset would drop it from the send
