@@ -243,20 +243,26 @@ UTILISATION_CELLS = {"LUT4": "TRELLIS_COMB", "FF": "TRELLIS_FF", "EBR": "DP16KD"
 class ClockTarget:
     """A clock the board report checks: ``name`` in the report, the ``net`` that carries it (the
     name of a Signal of the top, which nextpnr keeps, possibly behind a submodule prefix), and
-    its target in Hz."""
+    its target in Hz. ``aliases``: other names the net may keep (yosys keeps one of a net's
+    names, and may prefer a submodule's, such as a reset synchroniser's clock input)."""
 
     name: str
     net: str
     target_hz: float
+    aliases: tuple = ()
 
 
-def _fmax_entry(fmax, net):
-    """nextpnr's fmax record for ``net``: an exact name, or the only one that is ``net`` once
-    nextpnr's decoration (``$glbnet$``) and a hierarchy prefix (``submodule.``, the name yosys may
-    keep for a net after flattening) are taken off."""
-    if net in fmax:
-        return fmax[net]
-    matches = [v for k, v in fmax.items() if k.rsplit("$", 1)[-1].rsplit(".", 1)[-1] == net]
+def _fmax_entry(fmax, clock):
+    """nextpnr's fmax record for ``clock``: its net's or an alias's exact name, with or without
+    nextpnr's decoration (``$glbnet$``), or the only one that is its net once that and a
+    hierarchy prefix (``submodule.``, the name yosys may keep for a net after flattening) are
+    taken off."""
+    for name in (clock.net, *clock.aliases):
+        exact = [v for k, v in fmax.items() if name in (k, k.rsplit("$", 1)[-1])]
+        if exact:
+            return exact[0]
+    matches = [v for k, v in fmax.items()
+               if k.rsplit("$", 1)[-1].rsplit(".", 1)[-1] == clock.net]
     return matches[0] if len(matches) == 1 else None
 
 
@@ -269,7 +275,7 @@ def summarise(nextpnr, clocks, *, device, seed, build_seconds):
     util = nextpnr.get("utilization", {})
     report_clocks = {}
     for clock in clocks:
-        entry = _fmax_entry(fmax, clock.net)
+        entry = _fmax_entry(fmax, clock)
         report_clocks[clock.name] = {
             "fmax_mhz": None if entry is None else round(entry["achieved"], 2),
             "target_mhz": round(clock.target_hz / 1e6, 4),

@@ -215,9 +215,10 @@ class TargetTop(Elaboratable):
         self.board = board
         self.params = params
         self.pll = pll_config(board.osc_hz, GMII_HZ, max_error=0)
+        # (yosys keeps the core and MAC clocks under their reset synchronisers' names.)
         self.clocks = (
-            ClockTarget("core", "clk_core", CORE_HZ),
-            ClockTarget("mac", "clk_mac", GMII_HZ),
+            ClockTarget("core", "clk_core", CORE_HZ, aliases=("core_reset.async_ff_clk",)),
+            ClockTarget("mac", "clk_mac", GMII_HZ, aliases=("mac_reset.async_ff_clk",)),
             ClockTarget("rx", "rgmii_rx_clk", GMII_HZ),
             ClockTarget("osc", "clk_osc", board.osc_hz),
         )

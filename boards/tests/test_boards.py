@@ -111,6 +111,20 @@ def test_main_exit_status(monkeypatch, capsys, tmp_path):
     assert str(tmp_path / "yosys.log") in capsys.readouterr().err
 
 
+def test_report_finds_clocks_by_alias():
+    """A net yosys kept under a submodule's name is found by its alias, each clock its own
+    (their last components are equal: no guessing by suffix)."""
+    nextpnr = {"fmax": {"$glbnet$core_reset.async_ff_clk": {"achieved": 70.0, "constraint": 62.5},
+                        "$glbnet$mac_reset.async_ff_clk": {"achieved": 130.0, "constraint": 125},
+                        "clk_osc": {"achieved": 300.0, "constraint": 100.0}}}
+    clocks = [ClockTarget("core", "clk_core", 62.5e6, aliases=("core_reset.async_ff_clk",)),
+              ClockTarget("mac", "clk_mac", 125e6, aliases=("mac_reset.async_ff_clk",)),
+              ClockTarget("osc", "clk_osc", 100e6), ClockTarget("rx", "clk_rx", 125e6)]
+    report = summarise(nextpnr, clocks, device="D", seed=1, build_seconds=1.0)
+    assert {name: clock["fmax_mhz"] for name, clock in report["clocks"].items()} == {
+        "core": 70.0, "mac": 130.0, "osc": 300.0, "rx": None}
+
+
 @pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
 def test_pll_shifted_output():
     """CLKOS copies CLKOP's divider and lags it by the phase asked, in eighths of a VCO period:
