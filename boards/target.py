@@ -19,8 +19,8 @@ reset, the DDR pins and the lights. A board module describes its board in a
 
 Clocks (every board):
 
-* ``osc``: the board's oscillator: the PHY's reset (held :data:`PHY_RESET_CYCLES`-ish 20 ms
-  after configuration and while the button is pressed) and the heartbeat.
+* ``osc``: the board's oscillator: the PHY's reset (held :data:`PHY_RESET_SECONDS` after
+  configuration and while the button is pressed) and the heartbeat.
 * ``mac`` (``clk_mac``): 125 MHz, an EHXPLLL's CLKOP from the oscillator: the RGMII adapter
   and the MAC at one byte per cycle; ``TD``/``TX_CTL`` leave from it.
 * ``sync`` (``clk_core``): 62.5 MHz, the PLL's CLKOS2: NicCore at :data:`CORE_BYTES` per
@@ -31,14 +31,15 @@ Clocks (every board):
 
 The lights (:class:`TargetCore`'s ports, each board maps them to its LEDs): ``link`` (``RXC``
 runs at 125 MHz: a 1000 Mb/s link), ``activity`` (a frame in or out in the last ~34 ms),
-``connected`` (a connection accepted and not ended), ``error`` (in the last ~1 s a connection
-was aborted: a Request refused, a Terminate, a completion in error) and the heartbeat (~1 Hz
-from the oscillator).
+``listening`` (ready for a connection), ``connected`` (a connection accepted and not ended),
+``error`` (in the last ~1 s a connection was given up: a Request refused, a Terminate either
+way, a completion in error, a peer silent after connecting) and the heartbeat (~1 Hz from
+the oscillator).
 """
 
 import ipaddress
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from amaranth import (
     ClockDomain,
@@ -88,8 +89,8 @@ IP = "192.168.1.50"
 #: The TCP engine's secrets (RFC 6528's ISN key, 128 bits, and the lookup hash's, 32 bits),
 #: fixed in the bitstream: anyone who has it can predict ISNs. Pass your own to the top.
 KEYS = 0x6D65_6D6F_7279_2D74_6172_6765_742D_6973_6E6B_6579
-#: How long the PHY is held in reset after configuration or the button (RTL8211E: 10 ms at
-#: least; KSZ9031: 10 ms; B50612D: 2 us).
+#: How long the PHY is held in reset after configuration or the button (the RTL8211E wants
+#: 10 ms at least).
 PHY_RESET_SECONDS = 0.02
 
 _ACTIVITY_CYCLES = 1 << 22   # ~34 ms at 125 MHz
@@ -194,7 +195,7 @@ class TargetBoard:
     ``RX_CTL`` where the PHY does not delay ``RXC`` (:class:`~iwarp_nic.eth.rgmii.
     RgmiiPins`); ``lights(m, platform, lights)``: drives the board's LEDs from a dict of
     one-bit signals (``link``, ``activity``, ``connected``, ``error``, ``heartbeat``,
-    ``phy_reset``, ``unlocked``); ``core``: NicCore's parameters, if not :data:`CORE`.
+    ``phy_reset``, ``unlocked``).
     """
 
     osc: str
@@ -203,13 +204,12 @@ class TargetBoard:
     tx_shifted: bool
     rx_delay_taps: int
     lights: Callable
-    core: dict = field(default=None)
 
 
 class TargetTop(Elaboratable):
     """A board's memory target: ``board`` (a :class:`TargetBoard`), and :class:`TargetCore`'s
-    ``params`` (``mac``, ``ip``, ``keys``, ``plan``). ``clocks`` lists the clocks the build
-    report checks."""
+    ``params`` (``mac``, ``ip``, ``keys``, ``plan``, ``core``). ``clocks`` lists the clocks
+    the build report checks."""
 
     def __init__(self, board, **params):
         self.board = board
@@ -277,10 +277,7 @@ class TargetTop(Elaboratable):
             rx_delay_taps=board.rx_delay_taps))
 
         # The target.
-        params = dict(self.params)
-        if board.core is not None:
-            params.setdefault("core", board.core)
-        m.submodules.target = target = TargetCore(**params)
+        m.submodules.target = target = TargetCore(**self.params)
         wiring.connect(m, target.phy, pins.phy)
 
         # The lights.
