@@ -169,5 +169,9 @@ async def scenario(dut, board, rng):
 
 
 def test_board_target():
+    # -Wno-CMPCONST: with a receive buffer of 32 KiB, TcpControl's clamp of the free space to
+    # the largest window (65535 here) compares a 16-bit value with 0xFFFF, a constant
+    # comparison Verilator refuses (yosys folds it away).
     run_cocotb("iwarp_board_target", TargetSim(mac=MAC, ip=IP, core=SIM_CORE),
-               "test_board_target", test_dir=Path(__file__).parent, env={"IWARP_SEED": 8})
+               "test_board_target", test_dir=Path(__file__).parent, env={"IWARP_SEED": 8},
+               build_args=["-Wno-CMPCONST"])

@@ -225,8 +225,6 @@ class TcpControl(wiring.Component):
         The MSS this end advertises and the largest segment it sends.
     rcv_ws : int
         The window-scale shift this end offers (RFC 7323), 0..14.
-    rx_buffer_bytes : int or None
-        The receive buffer's size, above which ``rx_free`` never goes (``None``: any value).
     clock_hz : int
         Core clock, for the ISN timer (:class:`.isn.IsnGenerator`).
     tick_cycles : int
@@ -278,9 +276,8 @@ class TcpControl(wiring.Component):
     def __init__(self, *, conns=16, ring_bytes=1 << 16, mss=1460, rcv_ws=7, clock_hz=125_000_000,
                  tick_cycles=1024, rto_initial=None, rto_min=None, rto_max=None, dack_ticks=None,
                  time_wait_ticks=None, max_retries=8, listen_slots=16, park_segments=32,
-                 verdicts=8, cut_slots=0, ack_with_data=False, rx_buffer_bytes=None):
+                 verdicts=8, cut_slots=0, ack_with_data=False):
         ticks_per_s = clock_hz / tick_cycles
-        self.rx_buffer_bytes = rx_buffer_bytes
         if ring_bytes & (ring_bytes - 1) or ring_bytes < 64:
             raise ValueError("ring_bytes must be a power of two >= 64")
         if not 0 <= rcv_ws <= 14:
@@ -504,10 +501,7 @@ class TcpControl(wiring.Component):
         # ``scaled_field`` with the shift ``rcv_ws``.
         max_space = 0xFFFF << self.rcv_ws
         rcv_space = Signal(32)
-        if self.rx_buffer_bytes is None or self.rx_buffer_bytes > max_space:
-            m.d.sync += rcv_space.eq(Mux(self.rx_free > max_space, max_space, self.rx_free))
-        else:                                   # never more free than the largest window
-            m.d.sync += rcv_space.eq(self.rx_free)
+        m.d.sync += rcv_space.eq(Mux(self.rx_free > max_space, max_space, self.rx_free))
         win_unscaled, scaled_field = Signal(16), Signal(16)
         m.d.sync += [win_unscaled.eq(Mux(rcv_space[16:].any(), 0xFFFF, rcv_space[:16])),
                      scaled_field.eq((rcv_space >> self.rcv_ws)[:16])]

@@ -114,8 +114,7 @@ class TcpEngine(wiring.Component):
         self._control = dict(conns=conns, ring_bytes=ring_bytes, mss=mss,
                              park_segments=park_segments,
                              verdicts=1 << (full_segments - 1).bit_length(),
-                             rcv_ws=_window_shift(rx_buffer_bytes),
-                             rx_buffer_bytes=self.rx_buffer_beats * data_bytes, **control)
+                             rcv_ws=_window_shift(rx_buffer_bytes), **control)
         n = data_bytes
         members = {
             "i_ip_header": In(HeaderStream(IPV4)),
