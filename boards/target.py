@@ -185,6 +185,26 @@ class TargetSim(wiring.Component):
         return m
 
 
+def _pipelined_reset(m, name, arst, domain, clock, *, stages=2):
+    """``domain``'s reset (on ``clock``): ``arst`` through a :class:`ResetSynchronizer`
+    (submodule ``name``), then ``stages`` reset-less flip-flops in ``domain``. The
+    synchroniser sits by the PLL, tied to the ``arst`` logic; when one of its flip-flops
+    drove every reset of the domain, the route across the die took 9.5 ns against the MAC
+    clock's 8 ns period. The stages can be placed along the way, each driving one load but
+    the last. The reset is asserted and released ``stages`` cycles later, still at a clock
+    edge."""
+    root = f"{domain}_root"
+    m.domains += ClockDomain(root)
+    m.d.comb += ClockSignal(root).eq(clock)
+    m.submodules[name] = ResetSynchronizer(arst, domain=root)
+    reset = ResetSignal(root)
+    for k in range(stages):
+        stage = Signal(init=1, reset_less=True, name=f"{domain}_reset_stage{k}")
+        m.d[domain] += stage.eq(reset)
+        reset = stage
+    m.d.comb += ResetSignal(domain).eq(reset)
+
+
 @dataclass(frozen=True)
 class TargetBoard:
     """What differs between boards.
@@ -251,8 +271,8 @@ class TargetTop(Elaboratable):
             m.d.comb += ClockSignal("tx90").eq(pll.clk_shifted)
             tx_clock = "tx90"
         m.submodules.osc_reset = ResetSynchronizer(button, domain="osc")
-        m.submodules.mac_reset = ResetSynchronizer(button | ~pll.locked, domain="mac")
-        m.submodules.core_reset = ResetSynchronizer(button | ~pll.locked, domain="sync")
+        _pipelined_reset(m, "mac_reset", button | ~pll.locked, "mac", clk_mac)
+        _pipelined_reset(m, "core_reset", button | ~pll.locked, "sync", clk_core)
 
         # The PHY: reset, management pins idle (strapped defaults), RGMII through DDR buffers.
         pins_of = platform.lookup("eth_rgmii", 0).ios

@@ -34,7 +34,7 @@ from .host.receive_queue import ReceiveQueueEngine
 from .host.send_queue import SendQueueEngine
 from .ip.mux import Arbiter
 from .node import TcpNode, forward
-from .stream import check_data_bytes
+from .stream import SkidBuffer, check_data_bytes, sliced
 from .tcp.layouts import ChunkHeader
 from .width import resized
 
@@ -216,7 +216,11 @@ class NicCore(wiring.Component):
                          sink.payload.keep.eq(source.payload.keep),
                          sink.payload.last.eq(source.payload.last)]
         wiring.connect(m, join.o_header, node.i_tx_header)
-        out = join.o_payload
+        # The bytes pass a register slice: the send ring's ready reaches the engine's and the
+        # host's senders only through a register.
+        m.submodules.tx_skid = tx_skid = SkidBuffer(join.o_payload.payload.shape())
+        wiring.connect(m, join.o_payload, tx_skid.i)
+        out = tx_skid.o
         m.d.comb += [node.i_tx.valid.eq(out.valid), out.ready.eq(node.i_tx.ready),
                      node.i_tx.payload.data.eq(out.payload.data),
                      node.i_tx.payload.keep.eq(out.payload.keep),
@@ -283,6 +287,6 @@ class NicCore(wiring.Component):
                      operand.ready.eq(engine.i_atomic_read.ready),
                      engine.i_atomic_read.payload.eq(operand.payload.data[:64])]
         entries = reserved(sq.o_fetch, _SQ, sq.ahead * -(-SQ_INLINE_OFFSET // d), "sq_reserve")
-        wiring.connect(m, entries.o_data, sq.i_fetched)
+        sliced(m, "sq_fetched_skid", entries.o_data, sq.i_fetched)
         wiring.connect(m, rq.o_fetch, client("read", _RQ, "command"))
         wiring.connect(m, client("read", _RQ, "data"), rq.i_fetched)

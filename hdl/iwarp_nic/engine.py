@@ -45,7 +45,7 @@ from .rdmap import (
     TerminateParser,
     WorkRequest,
 )
-from .stream import BeatLayout, BeatStream, SkidBuffer, check_data_bytes, pass_through
+from .stream import BeatLayout, BeatStream, SkidBuffer, check_data_bytes, pass_through, sliced
 from .tcp.layouts import with_conn
 
 __all__ = ["IwarpEngine", "EngineOpen", "ConnectionsEngine"]
@@ -219,7 +219,7 @@ class IwarpEngine(wiring.Component):
         m.d.comb += iss.ord.eq(agreed.ord)
         outward(iss.o_refused, "o_refused")
         wiring.connect(m, iss.o_outstanding, rx.i_outstanding)
-        wiring.connect(m, iss.o_send, sch.i_send)
+        sliced(m, "send_skid", iss.o_send, sch.i_send)     # the scheduler's ready: registered
         wiring.connect(m, resp.o_response, sch.i_response)
         m.d.comb += [resp.done.eq(sch.response_sent), resp.done_inline.eq(sch.response_inline)]
         wiring.connect(m, tx.o_fetch, sch.i_fetch)
@@ -436,7 +436,7 @@ class ConnectionsEngine(wiring.Component):
         wiring.connect(m, ex.o_original, resp.i_original)
 
         # Send: work requests and responses to FPDUs.
-        wiring.connect(m, iss.o_send, sch.i_send)
+        sliced(m, "send_skid", iss.o_send, sch.i_send)     # the scheduler's ready: registered
         wiring.connect(m, iss.o_outstanding, rx.i_push)
         m.d.comb += [rx.count_conn.eq(iss.outstanding_conn),
                      iss.outstanding.eq(widened(m, rx.count, 14, "outstanding_count"))]

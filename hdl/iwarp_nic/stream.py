@@ -23,7 +23,7 @@ from .exact import mask, select
 from .tcp.layouts import conn_bits
 
 __all__ = ["DATA_BYTES", "check_data_bytes", "BeatLayout", "BeatStream", "keep_count", "SkidBuffer",
-           "pass_through"]
+           "sliced", "pass_through"]
 
 #: Datapath widths, in bytes per beat, that every streaming block supports.
 DATA_BYTES = (1, 2, 4, 8, 16, 32, 64)
@@ -122,3 +122,11 @@ class SkidBuffer(wiring.Component):
         with m.Elif(take):
             m.d.sync += [skid.eq(self.i.payload), skid_valid.eq(1)]
         return m
+
+
+def sliced(m, name, source, sink):
+    """Connect ``source`` to ``sink`` through a :class:`SkidBuffer` (submodule ``name``): the
+    two ends' valid, ready and payload then meet only at registers, for one cycle more."""
+    buffer = m.submodules[name] = SkidBuffer(source.payload.shape())
+    wiring.connect(m, source, buffer.i)
+    wiring.connect(m, buffer.o, sink)

@@ -18,7 +18,7 @@ from ..ddp.placement import PlaceRequest, ReadDone, ReceiveCompletion
 from ..exact import eq, select, wrap_sub
 from ..rdmap import Refused, Sent
 from ..roundrobin import merge
-from ..stream import BeatStream, check_data_bytes
+from ..stream import BeatStream, SkidBuffer, check_data_bytes, sliced
 from ..tcp.layouts import conn_bits, with_conn
 from .descriptor import DescriptorPacker
 from .fence import WriteFence
@@ -73,8 +73,11 @@ class CompletionWriter(wiring.Component):
         instead of an entry that did not fit: its queue, for the host's interrupt status.
 
     Throughput: an entry every two cycles (the fence's), as long as the DMA engine takes
-    them. A full queue loses the completion and says so; the queue pair's other completions
-    go on. The entries of one queue are written in the order the completions came.
+    them. Latency: an entry's write is asked for four cycles after its completion is taken,
+    when no write before it is outstanding (its completion is registered, waits a cycle in
+    the fence, and is registered again before its queue is chosen). A full queue loses the
+    completion and says so; the queue pair's other completions go on. The entries of one
+    queue are written in the order the completions came.
     """
 
     def __init__(self, data_bytes, *, conns=16, cqs=16, writers=1):
@@ -110,19 +113,26 @@ class CompletionWriter(wiring.Component):
             with m.If(qp.valid & eq(qp.payload.conn, k)):
                 m.d.sync += [send_cq[k].eq(qp.payload.send_cq), recv_cq[k].eq(qp.payload.recv_cq)]
 
-        # The four kinds of completion as entries, one taken at a time, round robin.
+        # The four kinds of completion as entries, one taken at a time, round robin. Each
+        # input is registered first, so the grant and the decision below reach back into
+        # the engine only through a register.
         Entry = StructLayout({"cqe": Cqe, "recv": 1})
-        sources = [self.i_sent, self.i_read_done, self.i_refused, self.i_complete]
+        sources = []
+        for name in ("sent", "read_done", "refused", "complete"):
+            port = getattr(self, f"i_{name}")
+            source = stream.Signature(port.payload.shape()).flip().create(path=(f"{name}_in",))
+            sliced(m, f"{name}_skid", wiring.flipped(port), source)
+            sources.append(source)
         entries = [Signal(Entry, name=f"entry_{k}") for k in range(len(sources))]
         for entry, source in zip(entries, sources):
             m.d.comb += [entry.cqe.wqe.eq(source.payload.id), entry.cqe.qp.eq(source.payload.conn)]
         sent, ended, refused, received = entries
         m.d.comb += [
-            ended.cqe.status.eq(self.i_read_done.payload.status.as_value()),
-            refused.cqe.status.eq(Mux(self.i_refused.payload.flushed, _WR_FLUSH_ERR,
+            ended.cqe.status.eq(sources[1].payload.status.as_value()),
+            refused.cqe.status.eq(Mux(sources[2].payload.flushed, _WR_FLUSH_ERR,
                                       _LOC_QP_OP_ERR)),
         ]
-        done = self.i_complete.payload
+        done = sources[3].payload
         m.d.comb += [
             received.recv.eq(1), received.cqe.kind.eq(CqeKind.RECV),
             received.cqe.status.eq(done.status.as_value()),
@@ -138,9 +148,12 @@ class CompletionWriter(wiring.Component):
         offered, _ = merge(m, sources, entries, chosen.payload, chosen.ready, "completion")
         m.d.comb += chosen.valid.eq(offered)
 
-        # Each entry into its queue's next slot, unless the queue is full.
+        # Each entry, registered again after the fence, into its queue's next slot, unless the
+        # queue is full.
+        m.submodules.decided = decided = SkidBuffer(Entry)
+        wiring.connect(m, fence.o, decided.i)
         rings = Rings(self.cqs, CQE_BYTES, "cq")    # next: the producer; tail: the driver's
-        head = fence.o.payload
+        head = decided.o.payload
         conn = head.cqe.qp[:conn_bits(conns)]
         cq = Signal(cq_bits)
         m.d.comb += cq.eq(Mux(head.recv, select(m, conn, recv_cq, cq_bits, "recv_cq_of"),
@@ -167,9 +180,9 @@ class CompletionWriter(wiring.Component):
         m.d.comb += written.ready.eq(event_free)
         report = written.valid & written.ready
         room = (~write.valid | write.ready) & queued.w_rdy & pending.w_rdy
-        go = fence.o.valid & Mux(fits, room, event_free & ~written.valid)
+        go = decided.o.valid & Mux(fits, room, event_free & ~written.valid)
         store = go & fits
-        m.d.comb += [fence.o.ready.eq(go), queued.w_en.eq(store),
+        m.d.comb += [decided.o.ready.eq(go), queued.w_en.eq(store),
                      pending.w_data.eq(cq), pending.w_en.eq(store), pending.r_en.eq(report)]
         with m.If(write.ready):
             m.d.sync += write.valid.eq(0)

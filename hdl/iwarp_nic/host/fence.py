@@ -6,7 +6,7 @@ placed"), and a Read Response must read what the Writes before it placed (RFC 50
 5.5: an RDMA Read following an RDMA Write sees its data).
 """
 
-from amaranth import Module, Mux, Signal
+from amaranth import Module, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -37,9 +37,12 @@ class WriteFence(wiring.Component):
         write responses). Each client's writes are done in the order issued.
 
     The transfer at the head of ``i`` waits until as many writes are done as had been issued
-    by the cycle it arrived (that cycle's included). With none outstanding it passes at once,
-    combinationally; otherwise the cycle after the last of them is done. At most 32767 writes
-    may be outstanding (the counts are 16 bits, compared modulo 2**16).
+    by the cycle it arrived (that cycle's included): it passes the cycle after it arrived if
+    none of them is outstanding, otherwise the cycle after the last of them is done; then the
+    next transfer arrives. A transfer every two cycles at most. Only registers decide whether
+    it passes, so no combinational path runs from ``issued`` or ``i.valid`` to ``o.valid`` or
+    ``i.ready``. At most 32767 writes may be outstanding (the counts are 16 bits, compared
+    modulo 2**16).
     """
 
     def __init__(self, shape, *, writers=1):
@@ -55,8 +58,7 @@ class WriteFence(wiring.Component):
         m.d.comb += issued_now.eq(_plus_ones(m, issued, self.issued, "issued_next"))
         m.d.sync += [issued.eq(issued_now), done.eq(_plus_ones(m, done, self.done, "done_next"))]
         armed, ticket = Signal(), Signal(_COUNT)        # the head's writes to wait for
-        target = Mux(armed, ticket, issued_now)
-        reached = ~wrap_sub(m, done, target, _COUNT, "ahead")[_COUNT - 1]
+        reached = armed & ~wrap_sub(m, done, ticket, _COUNT, "ahead")[_COUNT - 1]
         m.d.comb += [self.o.payload.eq(self.i.payload), self.o.valid.eq(self.i.valid & reached),
                      self.i.ready.eq(self.o.ready & reached)]
         with m.If(self.i.valid & ~armed):

@@ -28,7 +28,7 @@ from ..fifo import PacketFifo
 from ..hdrparse import HeaderStream
 from ..headers import IPV4
 from ..ip.ipv4 import TxRequest
-from ..stream import BeatStream, SkidBuffer, check_data_bytes
+from ..stream import BeatStream, SkidBuffer, check_data_bytes, sliced
 from ..trim import HeadTrim
 from .control import CONN_COUNTERS, TcpControl
 from .control import COUNTERS as CONTROL_COUNTERS
@@ -151,13 +151,8 @@ class TcpEngine(wiring.Component):
         # Skid buffers on the engine's four IP-side streams, so no valid/ready or data path runs
         # between the IP stack's arbiters and TcpRx/TcpTx (each blocks' fit alone leaves its
         # ports untimed).
-        def skid(name, source, sink):
-            buffer = SkidBuffer(source.payload.shape())
-            m.submodules[name] = buffer
-            wiring.connect(m, source, buffer.i)
-            wiring.connect(m, buffer.o, sink)
-        skid("ip_header_skid", wiring.flipped(self.i_ip_header), rx.i_header)
-        skid("ip_skid", wiring.flipped(self.i_ip), rx.i)
+        sliced(m, "ip_header_skid", wiring.flipped(self.i_ip_header), rx.i_header)
+        sliced(m, "ip_skid", wiring.flipped(self.i_ip), rx.i)
         wiring.connect(m, rx.o_data, rx_buffer.i)
         m.d.comb += control.rx_free.eq(rx_buffer.free)
         # A payload that overflowed the buffer takes its segment with it (the peer sends it
@@ -181,10 +176,10 @@ class TcpEngine(wiring.Component):
             m.d.sync += self.rx_no_buffer.eq(self.rx_no_buffer + 1)
         wiring.connect(m, control.o_verdict, deliver.i_verdict)
         # The buffers' beats come out of block RAM: registered before RxDeliver acts on them.
-        skid("rx_buffer_skid", rx_buffer.o, deliver.i)
+        sliced(m, "rx_buffer_skid", rx_buffer.o, deliver.i)
         # The control parks no more than the park buffer holds, so it never stalls.
         wiring.connect(m, deliver.o_park, park_buffer.i)
-        skid("park_buffer_skid", park_buffer.o, deliver.i_parked)
+        sliced(m, "park_buffer_skid", park_buffer.o, deliver.i_parked)
         wiring.connect(m, deliver.o_header, wiring.flipped(self.o_rx_header))
         wiring.connect(m, deliver.o, wiring.flipped(self.o_rx))
 
@@ -201,9 +196,9 @@ class TcpEngine(wiring.Component):
         wiring.connect(m, tx.o_read, ring.i_read)
         # The ring's words come straight out of its block RAMs (and the mux between them): a
         # skid buffer registers them before TcpTx, which acts on them in the same cycle.
-        skid("ring_skid", ring.o_data, tx.i_data)
-        skid("tx_header_skid", tx.o_header, wiring.flipped(self.o_ip_header))
-        skid("tx_skid", tx.o, wiring.flipped(self.o_ip))
+        sliced(m, "ring_skid", ring.o_data, tx.i_data)
+        sliced(m, "tx_header_skid", tx.o_header, wiring.flipped(self.o_ip_header))
+        sliced(m, "tx_skid", tx.o, wiring.flipped(self.o_ip))
 
         wiring.connect(m, wiring.flipped(self.i_cmd), control.i_cmd)
         wiring.connect(m, control.o_event, wiring.flipped(self.o_event))
