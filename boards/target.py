@@ -46,6 +46,7 @@ from amaranth import (
     ClockSignal,
     DomainRenamer,
     Elaboratable,
+    Instance,
     Module,
     ResetSignal,
     Signal,
@@ -166,7 +167,7 @@ class TargetSim(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.domains.mac = ClockDomain("mac")
+        m.domains.mac = ClockDomain("mac", async_reset=True)     # as on the boards
         m.domains.tx90 = ClockDomain("tx90", reset_less=True)
         m.domains.rgmii_rx = ClockDomain("rgmii_rx")
         m.d.comb += [ClockSignal("mac").eq(self.mac_clk), ResetSignal("mac").eq(self.mac_rst),
@@ -185,14 +186,19 @@ class TargetSim(wiring.Component):
         return m
 
 
-def _pipelined_reset(m, name, arst, domain, clock, *, stages=2):
+def _pipelined_reset(m, name, arst, domain, clock, *, stages=2, on_global=False):
     """``domain``'s reset (on ``clock``): ``arst`` through a :class:`ResetSynchronizer`
-    (submodule ``name``), then ``stages`` reset-less flip-flops in ``domain``. The
-    synchroniser sits by the PLL, tied to the ``arst`` logic; when one of its flip-flops
-    drove every reset of the domain, the route across the die took 9.5 ns against the MAC
-    clock's 8 ns period. The stages can be placed along the way, each driving one load but
-    the last. The reset is asserted and released ``stages`` cycles later, still at a clock
-    edge."""
+    (submodule ``name``), then ``stages`` reset-less flip-flops in ``domain``, free to be
+    placed away from the synchroniser (which sits by the PLL, tied to the ``arst`` logic).
+    The reset is asserted and released ``stages`` cycles later, still at a clock edge.
+
+    ``on_global``: the last stage drives a clock network (``DCCA``), which reaches every
+    flip-flop's reset pin, for a domain whose logic spans the die. The MAC side does: by
+    the PHY's pins and by the core. One flip-flop driving its resets took a 9.5 ns route
+    against the 8 ns period, and 8.7 ns with the stages, the placer keeping them by the
+    synchroniser. The domain's reset must then be asynchronous, so that it drives reset
+    pins only: yosys merges a synchronous reset with other clears in LUTs, which a clock
+    network cannot feed."""
     root = f"{domain}_root"
     m.domains += ClockDomain(root)
     m.d.comb += ClockSignal(root).eq(clock)
@@ -202,6 +208,11 @@ def _pipelined_reset(m, name, arst, domain, clock, *, stages=2):
         stage = Signal(init=1, reset_less=True, name=f"{domain}_reset_stage{k}")
         m.d[domain] += stage.eq(reset)
         reset = stage
+    if on_global:
+        spread = Signal(name=f"{domain}_reset_global")
+        m.submodules[f"{domain}_reset_dcca"] = Instance("DCCA", i_CLKI=reset, i_CE=1,
+                                                         o_CLKO=spread)
+        reset = spread
     m.d.comb += ResetSignal(domain).eq(reset)
 
 
@@ -260,7 +271,7 @@ class TargetTop(Elaboratable):
         platform.add_clock_constraint(clk_mac, GMII_HZ)
         platform.add_clock_constraint(clk_core, CORE_HZ)
         m.domains.osc = ClockDomain("osc")
-        m.domains.mac = ClockDomain("mac")
+        m.domains.mac = ClockDomain("mac", async_reset=True)
         m.domains.sync = ClockDomain("sync")
         m.domains.rgmii_rx = ClockDomain("rgmii_rx")
         m.d.comb += [ClockSignal("osc").eq(clk_osc), ClockSignal("mac").eq(clk_mac),
@@ -271,7 +282,7 @@ class TargetTop(Elaboratable):
             m.d.comb += ClockSignal("tx90").eq(pll.clk_shifted)
             tx_clock = "tx90"
         m.submodules.osc_reset = ResetSynchronizer(button, domain="osc")
-        _pipelined_reset(m, "mac_reset", button | ~pll.locked, "mac", clk_mac)
+        _pipelined_reset(m, "mac_reset", button | ~pll.locked, "mac", clk_mac, on_global=True)
         _pipelined_reset(m, "core_reset", button | ~pll.locked, "sync", clk_core)
 
         # The PHY: reset, management pins idle (strapped defaults), RGMII through DDR buffers.
