@@ -192,7 +192,8 @@ def test_target_top_constraints(board):
     """A memory-target top's LPF and netlist: every clock constrained at its target, the PHY's
     clock pins placed; the PLL makes 125 MHz exactly from the board's oscillator (and TXC's
     90 degrees where the PHY adds no transmit delay); the receive delay lines where the PHY
-    adds no receive delay, on the five RD/RX_CTL pins only."""
+    adds no receive delay, on the five RD/RX_CTL pins only; the MAC side's reset on a clock
+    network (one DCCA, from its last pipeline stage)."""
     osc, osc_hz, rxc, txc, shifted, taps = TARGET_BOARDS[board]
     top = board.Top()
     assert [c.name for c in top.clocks] == ["core", "mac", "rx", "osc"]
@@ -210,6 +211,9 @@ def test_target_top_constraints(board):
     assert len(delays) == (5 if taps else 0)
     for cell in delays:
         assert re.search(rf"parameter \\DEL_VALUE {taps}\b", cell), cell
+    spreaders = re.findall(r"cell \\DCCA .*?end", netlist, re.S)
+    assert len(spreaders) == 1
+    assert re.search(r"connect \\CLKI \\mac_reset_stage1\b", spreaders[0]), spreaders[0]
 
 
 @pytest.fixture(scope="module")
