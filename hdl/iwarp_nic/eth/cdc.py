@@ -142,10 +142,10 @@ class MacTxCrossing(wiring.Component):
     second small ``AsyncFIFO``; the MAC side starts a frame when its count has crossed and the
     beat FIFO shows at least that many beats readable.
 
-    Latency: when the MAC side is idle, a frame's first beat is offered at the fourth MAC clock
+    Latency: when the MAC side is idle, a frame's first beat is offered at the fifth MAC clock
     edge after the core edge that took its last beat (two synchroniser stages, the registered
-    check, then the start register). Throughput: one beat per cycle on each side, with at
-    least two idle MAC cycles between frames.
+    level, the registered check, then the start register). Throughput: one beat per cycle on
+    each side, with at least three idle MAC cycles between frames.
 
     Parameters
     ----------
@@ -197,6 +197,12 @@ class MacTxCrossing(wiring.Component):
         # starts: the FIFO's level and the count are then both about the frame at the head.
         sending = Signal()
         whole = Signal()
+        # The level is registered first (its Gray decode and subtraction are a long chain)
+        # and trusted only if no beat was read in the cycle it was taken: it is then at most
+        # the level now, as only the core side adds beats.
+        level = Signal.like(fifo.r_level)
+        settled = Signal()
+        mac += [level.eq(fifo.r_level), settled.eq(~fifo.r_en)]
         view = Signal(layout)
         m.d.comb += view.eq(fifo.r_data)
         mac += whole.eq(0)
@@ -209,5 +215,5 @@ class MacTxCrossing(wiring.Component):
             m.d.comb += lengths.r_en.eq(1)
             mac += sending.eq(1)
         with m.Else():
-            mac += whole.eq(lengths.r_rdy & (fifo.r_level >= lengths.r_data))
+            mac += whole.eq(lengths.r_rdy & settled & (level >= lengths.r_data))
         return m
