@@ -61,7 +61,8 @@ class RequestIssuer(wiring.Component):
     ``conns`` None: one stream, whose state is kept in registers. ``conns`` an integer: that
     many connections, each with its own state (MSNs, ORD, refusal, the request deferred) as a
     word of a memory (distributed RAM), read as its work request is offered and written back
-    as it is taken; the work requests carry their connection, and so does every output.
+    the cycle after it is taken; the work requests carry their connection, and so does every
+    output.
 
     Ports
     -----
@@ -108,8 +109,10 @@ class RequestIssuer(wiring.Component):
     A Read or atomic waits while ``ord`` of them are outstanding (or ``max_ord``), a fenced
     request while any is; with one stream the work requests behind it wait too (the send
     queue is in order; ``i_work`` is not ready). Throughput: a work request per cycle (with
-    several connections, a Read, atomic or fenced request waits a cycle after its connection's
-    Read or atomic before it, while that one reaches the table). Latency: a message is offered
+    several connections, one per two cycles of the same connection, and of a connection just
+    opened: its state is written back in between; a Read, atomic or fenced request waits a
+    cycle after its connection's Read or atomic before it, while that one reaches the table).
+    Latency: a message is offered
     the cycle after its work request is taken. Bad input: a ``conn`` of ``conns`` or more
     reads and writes no real connection's state (its memory word is one of the spare ones, or
     the access is dropped).
@@ -173,12 +176,16 @@ class RequestIssuer(wiring.Component):
             m.d.comb += [read.addr.eq(work.conn), now.eq(read.data),
                          self.outstanding_conn.eq(work.conn), level.eq(self.outstanding),
                          opening.ready.eq(1)]
+            # The word is written the cycle after (registered: the decision does not reach the
+            # memory's write data in its cycle), and a work request of that connection waits
+            # for it: read in that cycle, its word would be the old one.
             with m.If(opening.valid):
-                m.d.comb += [write.en.eq(1), write.addr.eq(opening.payload.conn),
+                m.d.sync += [write.en.eq(1), write.addr.eq(opening.payload.conn),
                              write.data.eq(_Context.const(_FRESH)),
                              write.data.ord.eq(opening.payload.ord)]
             with m.Else():
-                m.d.comb += [write.en.eq(taken), write.addr.eq(work.conn), write.data.eq(update)]
+                m.d.sync += [write.en.eq(taken), write.addr.eq(work.conn), write.data.eq(update)]
+            writing = write.en & same(write.addr, work.conn)
             pending = push.valid & same(push.payload.conn, work.conn)
             with m.If(sent & request):
                 m.d.sync += [push.valid.eq(1), push.payload.eq(entry),
@@ -186,7 +193,7 @@ class RequestIssuer(wiring.Component):
             for port in (out, refused, self.o_deferred):
                 with m.If(taken):
                     m.d.sync += port.payload.conn.eq(work.conn)
-            offered = self.i_work.valid & free & ~opening.valid
+            offered = self.i_work.valid & free & ~opening.valid & ~writing
         else:
             m.submodules.outstanding = fifo = SyncFIFOBuffered(width=OutstandingRead.size,
                                                                depth=self.max_ord)
