@@ -9,32 +9,15 @@ jack (a Realtek RTL8211E PHY on RGMII):
   RJ45 ─ RTL8211E ═ RGMII ═ RgmiiPins ─ RgmiiAdapter ─ GMII ─ EchoNode: MAC (1 byte, mac)
                                                        ═ crossings ═ IP, TCP, echo (2 bytes, sync)
 
-Clocks:
-
-* ``osc``: the board's 100 MHz oscillator. It drives the PHY reset (held :data:`PHY_RESET_CYCLES`
-  after configuration and while the user button is pressed: the RTL8211E wants at least 10 ms)
-  and a heartbeat LED.
-* ``mac`` (``clk_mac``): 125 MHz from an EHXPLLL on the oscillator, the GMII rate: the RGMII
-  adapter and the MAC at one byte per cycle. RGMII ``TD``/``TX_CTL`` leave from it.
-* ``sync`` (``clk_core``): 62.5 MHz from the same PLL (CLKOS2): IP, TCP and the echo at two bytes
-  per cycle (:data:`CORE_BYTES`), the same 1 Gb/s. Frames reach it through the MAC's
-  clock-domain crossings (:class:`~iwarp_nic.node.MacIp` with ``mac_bytes=1``). Why not the
-  whole server at one byte and 125 MHz: on this part the TCP engine and the IP layer reached
-  93-102 MHz routed (``boards/README.md``); at 62.5 MHz they have a margin of half.
-* ``tx90``: the PLL's CLKOS, ``clk_mac`` 90 degrees (2 ns) later. It clocks only the DDR
-  output that makes ``TXC``, so the PHY samples the middle of each data nibble. This is the
-  delay the ECPIX-5 needs on transmit: its RTL8211E adds the RGMII delay on receive (RXDLY
-  strap set) but not on transmit, the configuration LiteX's ECPIX-5 target uses (no added
-  receive delay, 2 ns on ``TXC``).
-* ``rgmii_rx`` (``rgmii_rx_clk``): the PHY's ``RXC``, 125 MHz at 1000 Mb/s, recovered from the link
-  partner. The receive DDR registers and the RGMII decoder run on it; frames cross into
-  ``mac`` through :class:`~iwarp_nic.eth.rgmii.GmiiRxCrossing`.
-
-Resets: the user button resets every domain; ``mac`` and ``sync`` also wait for the PLL lock, and
-``rgmii_rx`` for the PLL and the PHY's reset (it has no clock before). MDC is held low and MDIO
-released: the PHY runs on its strapped defaults (auto-negotiation of every speed). Only
-1000 Mb/s works (see :mod:`iwarp_nic.eth.rgmii`): a link partner limited to 100 Mb/s gets a
-link but no traffic.
+Clocks, resets and the PHY are the memory target's (:func:`boards.target.board_frame` with
+the ECPIX-5's :data:`boards.ecpix5.BOARD`): ``osc`` (100 MHz: the PHY's reset, the heartbeat),
+``mac`` (125 MHz: the RGMII adapter and the MAC at one byte per cycle), ``sync`` (62.5 MHz: IP,
+TCP and the echo at two bytes per cycle, behind the MAC's clock-domain crossings:
+:class:`~iwarp_nic.node.MacIp` with ``mac_bytes=1``), ``tx90`` (``TXC`` 90 degrees late: the
+board's RTL8211E adds the RGMII delay on receive, not on transmit) and ``rgmii_rx`` (the PHY's
+``RXC``). Why not the whole server at one byte and 125 MHz: on this part the TCP engine and the
+IP layer reached 93-102 MHz routed (``boards/README.md``). Only 1000 Mb/s works (see
+:mod:`iwarp_nic.eth.rgmii`): a link partner limited to 100 Mb/s gets a link but no traffic.
 
 LEDs (RGB, active-high here):
 
@@ -49,28 +32,19 @@ LEDs (RGB, active-high here):
 
 import ipaddress
 
-from amaranth import Cat, ClockDomain, ClockSignal, DomainRenamer, Elaboratable, Module, Signal
-from amaranth.lib import io, wiring
-from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
-from amaranth_boards.ecpix5 import ECPIX585Platform
+from amaranth import Cat, DomainRenamer, Elaboratable, Module, Signal
+from amaranth.lib import wiring
+from amaranth.lib.cdc import FFSynchronizer
 
 from iwarp_nic.apps import EchoNode
-from iwarp_nic.eth.rgmii import GMII_RX_PINS, GMII_TX_PINS, RgmiiAdapter, RgmiiPins
-from iwarp_nic.exact import add
+from iwarp_nic.eth.rgmii import GMII_RX_PINS, GMII_TX_PINS, RgmiiAdapter
 
-from .common import ClockTarget, Ecp5Pll, pll_config, stretched
+from .common import pll_config, stretched
+from .ecpix5 import BOARD, platform
+from .target import CORE_BYTES, CORE_HZ, GMII_HZ, board_clocks, board_frame
 
-__all__ = ["CORE_HZ", "CORE_BYTES", "GMII_HZ", "OSC_HZ", "PHY_RESET_CYCLES", "MAC", "IP", "PORT",
-           "ENGINE", "platform", "Top"]
+__all__ = ["MAC", "IP", "PORT", "ENGINE", "platform", "Top"]
 
-#: The oscillator on the board, and the core clock (GMII rate) made from it.
-OSC_HZ = 100_000_000
-GMII_HZ = 125_000_000
-CORE_HZ = 62_500_000
-#: The server's datapath width: two bytes at 62.5 MHz carry GMII's one byte at 125 MHz.
-CORE_BYTES = 2
-#: Oscillator cycles the PHY is held in reset after configuration or the button (21 ms).
-PHY_RESET_CYCLES = 1 << 21
 #: Default addresses and port: a locally administered MAC, an address on 192.168.1.0/24, echo.
 MAC = 0x02_00_00_00_00_05
 IP = "192.168.1.50"
@@ -89,11 +63,6 @@ HASH_KEY = 0x7463_7065
 
 _ACTIVITY_CYCLES = 1 << 22   # ~34 ms at 125 MHz (~67 ms at 62.5)
 _ERROR_CYCLES = 1 << 26      # ~0.5 s at 125 MHz (~1 s at 62.5)
-
-
-def platform():
-    """A fresh amaranth-boards platform for this board."""
-    return ECPIX585Platform()
 
 
 def _changed(m, value, name, domain="sync"):
@@ -130,65 +99,15 @@ class Top(Elaboratable):
         self.port = port
         self.engine = dict(ENGINE if engine is None else engine, clock_hz=CORE_HZ)
         self.isn_key, self.hash_key = isn_key, hash_key
-        self.pll = pll_config(OSC_HZ, GMII_HZ, max_error=0)
-        self.clocks = (
-            ClockTarget("core", "clk_core", CORE_HZ),
-            ClockTarget("mac", "clk_mac", GMII_HZ),
-            ClockTarget("rx", "rgmii_rx_clk", GMII_HZ),
-            ClockTarget("osc", "clk_osc", OSC_HZ),
-        )
+        self.pll = pll_config(BOARD.osc_hz, GMII_HZ, max_error=0)
+        self.clocks = board_clocks(BOARD)
 
     def elaborate(self, platform):
         m = Module()
 
-        # Clocks and resets.
-        clk_osc = Signal()
-        clk_mac = Signal()
-        clk_core = Signal()
-        m.d.comb += clk_osc.eq(platform.request("clk100", 0).i)
-        button = platform.request("rst", 0).i
-        m.submodules.pll = pll = Ecp5Pll(self.pll, shifted_deg=90,
-                                         divided_by=GMII_HZ // CORE_HZ)
-        m.d.comb += [pll.clk_in.eq(clk_osc), clk_mac.eq(pll.clk_out),
-                     clk_core.eq(pll.clk_divided)]
-        platform.add_clock_constraint(clk_mac, GMII_HZ)
-        platform.add_clock_constraint(clk_core, CORE_HZ)
-
-        m.domains.osc = ClockDomain("osc")
-        m.domains.mac = ClockDomain("mac")
-        m.domains.sync = ClockDomain("sync")
-        m.domains.tx90 = ClockDomain("tx90", reset_less=True)
-        m.domains.rgmii_rx = ClockDomain("rgmii_rx")
-        m.d.comb += [ClockSignal("osc").eq(clk_osc), ClockSignal("mac").eq(clk_mac),
-                     ClockSignal("sync").eq(clk_core), ClockSignal("tx90").eq(pll.clk_shifted)]
-        m.submodules.osc_reset = ResetSynchronizer(button, domain="osc")
-        m.submodules.mac_reset = ResetSynchronizer(button | ~pll.locked, domain="mac")
-        m.submodules.core_reset = ResetSynchronizer(button | ~pll.locked, domain="sync")
-
-        # The PHY: reset, management pins idle, RGMII through DDR buffers.
-        eth = platform.request("eth_rgmii", 0, dir={
-            name: "-" for name in ("rx_clk", "rx_data", "rx_ctrl", "tx_clk", "tx_data",
-                                   "tx_ctrl")})
-        # RXC: amaranth-boards gives it no frequency; constrained on the pin, whatever name the
-        # net ends up with (the report finds it as the domain's clock, rgmii_rx_clk).
-        platform.add_clock_constraint(eth.rx_clk.io, GMII_HZ)
-        m.submodules.rxc = rxc = io.Buffer("i", eth.rx_clk)
-        m.d.comb += ClockSignal("rgmii_rx").eq(rxc.i)
-        phy_hold = Signal(range(PHY_RESET_CYCLES + 1), init=PHY_RESET_CYCLES)
-        with m.If(phy_hold != 0):
-            m.d.osc += phy_hold.eq(phy_hold - 1)
-        phy_in_reset = Signal()
-        m.d.osc += phy_in_reset.eq(phy_hold != 0)
-        m.d.comb += [eth.rst.o.eq(phy_in_reset), eth.mdc.o.eq(0), eth.mdio.oe.eq(0)]
-        m.submodules.rx_reset = ResetSynchronizer(button | ~pll.locked | phy_in_reset,
-                                                  domain="rgmii_rx")
-
-        # The RGMII side and the MAC run at GMII's rate in `mac`; the rest of the server at two
-        # bytes a cycle in `sync` (clk_core).
-        m.submodules.rgmii_pins = pins = DomainRenamer("mac")(
-            RgmiiPins(eth, rx_domain="rgmii_rx", tx_clock_domain="tx90"))
+        frame = board_frame(m, platform, BOARD, self.pll)
         m.submodules.rgmii = rgmii = DomainRenamer("mac")(RgmiiAdapter(rx_domain="rgmii_rx"))
-        wiring.connect(m, rgmii.phy, pins.phy)
+        wiring.connect(m, rgmii.phy, frame.pins.phy)
 
         # The echo server.
         m.submodules.server = server = EchoNode(CORE_BYTES, self.port, mac_bytes=1,
@@ -219,18 +138,13 @@ class Top(Elaboratable):
                              | _changed(m, server.tcp_resets, "resets"), _ERROR_CYCLES,
                              "tcp_error")
 
-        heartbeat = Signal(27)
-        m.d.osc += heartbeat.eq(add(heartbeat, 1))
-        unlocked = Signal()
-        m.submodules.lock_sync = FFSynchronizer(~pll.locked, unlocked, o_domain="osc")
-
         leds = [platform.request("rgb_led", i) for i in range(4)]
         m.d.comb += [
             leds[0].g.o.eq(rgmii.gigabit), leds[0].r.o.eq(~rgmii.gigabit),
             leds[1].g.o.eq(activity), leds[1].b.o.eq(echoing),
             leds[2].r.o.eq(line_error), leds[2].b.o.eq(tcp_error),
-            leds[3].r.o.eq(heartbeat[-1]), leds[3].g.o.eq(phy_in_reset),
-            leds[3].b.o.eq(unlocked),
+            leds[3].r.o.eq(frame.heartbeat), leds[3].g.o.eq(frame.phy_reset),
+            leds[3].b.o.eq(frame.unlocked),
         ]
         return m
 

@@ -69,7 +69,8 @@ from iwarp_nic.eth.rgmii import (
 from .common import ClockTarget, Ecp5Pll, pll_config, stretched
 
 __all__ = ["GMII_HZ", "CORE_HZ", "CORE_BYTES", "PLAN", "CORE", "MAC", "IP", "KEYS",
-           "PHY_RESET_SECONDS", "TargetBoard", "TargetCore", "TargetSim", "TargetTop"]
+           "PHY_RESET_SECONDS", "TargetBoard", "TargetCore", "TargetSim", "BoardFrame",
+           "board_clocks", "board_frame", "TargetTop"]
 
 #: The MAC's clock (GMII's rate) and the core's: two bytes at 62.5 MHz carry the line's one
 #: byte at 125 MHz, and give the core's paths twice the time (``boards/README.md``).
@@ -237,6 +238,99 @@ class TargetBoard:
     lights: Callable
 
 
+@dataclass(frozen=True)
+class BoardFrame:
+    """What :func:`board_frame` gives a board's top: ``pins``, the RGMII pins
+    (:class:`~iwarp_nic.eth.rgmii.RgmiiPins` in ``mac``) for an RGMII adapter's ``phy``; and
+    for the lights ``phy_reset`` (the PHY held in reset), ``unlocked`` (the PLL not locked)
+    and ``heartbeat`` (~1 Hz), all in ``osc``."""
+
+    pins: RgmiiPins
+    phy_reset: Signal
+    unlocked: Signal
+    heartbeat: Signal
+
+
+def board_clocks(board):
+    """The clocks a board's build report checks (:class:`~boards.common.ClockTarget`). (yosys
+    keeps the core and MAC clocks under their reset synchronisers' names.)"""
+    return (
+        ClockTarget("core", "clk_core", CORE_HZ, aliases=("core_reset.async_ff_clk",)),
+        ClockTarget("mac", "clk_mac", GMII_HZ, aliases=("mac_reset.async_ff_clk",)),
+        ClockTarget("rx", "rgmii_rx_clk", GMII_HZ),
+        ClockTarget("osc", "clk_osc", board.osc_hz),
+    )
+
+
+def board_frame(m, platform, board, pll):
+    """A board's clocks, resets and PHY (the module docstring's clocks), made in ``m`` for
+    ``board`` (a :class:`TargetBoard`) with ``pll`` (a :class:`~boards.common.PllConfig`
+    from its oscillator to :data:`GMII_HZ`); returns a :class:`BoardFrame`.
+
+    Resets: the button resets every domain; ``mac`` (asynchronous, on a clock network) and
+    ``sync`` also wait for the PLL's lock, ``rgmii_rx`` also for the PHY's reset (it has no
+    clock before). The PHY is held in reset :data:`PHY_RESET_SECONDS` after configuration and
+    while the button is pressed; MDC is held low and MDIO released: the PHY runs on its
+    strapped defaults."""
+    clk_osc = Signal()
+    clk_mac = Signal()
+    clk_core = Signal()
+    m.d.comb += clk_osc.eq(platform.request(board.osc, 0).i)
+    button = platform.request(board.button, 0).i
+    m.submodules.pll = ecp5_pll = Ecp5Pll(pll, shifted_deg=90 if board.tx_shifted else None,
+                                          divided_by=GMII_HZ // CORE_HZ)
+    m.d.comb += [ecp5_pll.clk_in.eq(clk_osc), clk_mac.eq(ecp5_pll.clk_out),
+                 clk_core.eq(ecp5_pll.clk_divided)]
+    platform.add_clock_constraint(clk_mac, GMII_HZ)
+    platform.add_clock_constraint(clk_core, CORE_HZ)
+    m.domains.osc = ClockDomain("osc")
+    m.domains.mac = ClockDomain("mac", async_reset=True)
+    m.domains.sync = ClockDomain("sync")
+    m.domains.rgmii_rx = ClockDomain("rgmii_rx")
+    m.d.comb += [ClockSignal("osc").eq(clk_osc), ClockSignal("mac").eq(clk_mac),
+                 ClockSignal("sync").eq(clk_core)]
+    tx_clock = "sync"                               # renamed to mac with the pins below
+    if board.tx_shifted:
+        m.domains.tx90 = ClockDomain("tx90", reset_less=True)
+        m.d.comb += ClockSignal("tx90").eq(ecp5_pll.clk_shifted)
+        tx_clock = "tx90"
+    m.submodules.osc_reset = ResetSynchronizer(button, domain="osc")
+    _pipelined_reset(m, "mac_reset", button | ~ecp5_pll.locked, "mac", clk_mac, on_global=True)
+    _pipelined_reset(m, "core_reset", button | ~ecp5_pll.locked, "sync", clk_core)
+
+    # The PHY: reset, management pins idle, RGMII through DDR buffers.
+    pins_of = platform.lookup("eth_rgmii", 0).ios
+    eth = platform.request("eth_rgmii", 0, dir={
+        pin.name: "-" for pin in pins_of if pin.name not in ("rst", "mdc", "mdio")})
+    # RXC: amaranth-boards gives it no frequency; constrained on the pin (the report finds it
+    # as the domain's clock, rgmii_rx_clk).
+    platform.add_clock_constraint(eth.rx_clk.io, GMII_HZ)
+    m.submodules.rxc = rxc = io.Buffer("i", eth.rx_clk)
+    m.d.comb += ClockSignal("rgmii_rx").eq(rxc.i)
+    reset_cycles = round(PHY_RESET_SECONDS * board.osc_hz)
+    phy_hold = Signal(range(reset_cycles + 1), init=reset_cycles)
+    with m.If(phy_hold != 0):
+        m.d.osc += phy_hold.eq(phy_hold - 1)
+    phy_in_reset = Signal()
+    m.d.osc += phy_in_reset.eq(phy_hold != 0)
+    m.d.comb += [eth.rst.o.eq(phy_in_reset), eth.mdc.o.eq(0), eth.mdio.oe.eq(0)]
+    m.submodules.rx_reset = ResetSynchronizer(button | ~ecp5_pll.locked | phy_in_reset,
+                                              domain="rgmii_rx")
+    m.submodules.pins = pins = DomainRenamer("mac")(RgmiiPins(
+        eth, rx_domain="rgmii_rx", tx_clock_domain=tx_clock,
+        rx_delay_taps=board.rx_delay_taps))
+
+    heartbeat = Signal(range(board.osc_hz))
+    blink = Signal()
+    with m.If(heartbeat == 0):
+        m.d.osc += [heartbeat.eq(board.osc_hz // 2 - 1), blink.eq(~blink)]
+    with m.Else():
+        m.d.osc += heartbeat.eq(heartbeat - 1)
+    unlocked = Signal()
+    m.submodules.lock_sync = FFSynchronizer(~ecp5_pll.locked, unlocked, o_domain="osc")
+    return BoardFrame(pins=pins, phy_reset=phy_in_reset, unlocked=unlocked, heartbeat=blink)
+
+
 class TargetTop(Elaboratable):
     """A board's memory target: ``board`` (a :class:`TargetBoard`), and :class:`TargetCore`'s
     ``params`` (``mac``, ``ip``, ``keys``, ``plan``, ``core``). ``clocks`` lists the clocks
@@ -246,82 +340,15 @@ class TargetTop(Elaboratable):
         self.board = board
         self.params = params
         self.pll = pll_config(board.osc_hz, GMII_HZ, max_error=0)
-        # (yosys keeps the core and MAC clocks under their reset synchronisers' names.)
-        self.clocks = (
-            ClockTarget("core", "clk_core", CORE_HZ, aliases=("core_reset.async_ff_clk",)),
-            ClockTarget("mac", "clk_mac", GMII_HZ, aliases=("mac_reset.async_ff_clk",)),
-            ClockTarget("rx", "rgmii_rx_clk", GMII_HZ),
-            ClockTarget("osc", "clk_osc", board.osc_hz),
-        )
+        self.clocks = board_clocks(board)
 
     def elaborate(self, platform):
-        board = self.board
         m = Module()
-
-        # Clocks and resets.
-        clk_osc = Signal()
-        clk_mac = Signal()
-        clk_core = Signal()
-        m.d.comb += clk_osc.eq(platform.request(board.osc, 0).i)
-        button = platform.request(board.button, 0).i
-        m.submodules.pll = pll = Ecp5Pll(self.pll, shifted_deg=90 if board.tx_shifted else None,
-                                         divided_by=GMII_HZ // CORE_HZ)
-        m.d.comb += [pll.clk_in.eq(clk_osc), clk_mac.eq(pll.clk_out),
-                     clk_core.eq(pll.clk_divided)]
-        platform.add_clock_constraint(clk_mac, GMII_HZ)
-        platform.add_clock_constraint(clk_core, CORE_HZ)
-        m.domains.osc = ClockDomain("osc")
-        m.domains.mac = ClockDomain("mac", async_reset=True)
-        m.domains.sync = ClockDomain("sync")
-        m.domains.rgmii_rx = ClockDomain("rgmii_rx")
-        m.d.comb += [ClockSignal("osc").eq(clk_osc), ClockSignal("mac").eq(clk_mac),
-                     ClockSignal("sync").eq(clk_core)]
-        tx_clock = "sync"                           # renamed to mac with the pins below
-        if board.tx_shifted:
-            m.domains.tx90 = ClockDomain("tx90", reset_less=True)
-            m.d.comb += ClockSignal("tx90").eq(pll.clk_shifted)
-            tx_clock = "tx90"
-        m.submodules.osc_reset = ResetSynchronizer(button, domain="osc")
-        _pipelined_reset(m, "mac_reset", button | ~pll.locked, "mac", clk_mac, on_global=True)
-        _pipelined_reset(m, "core_reset", button | ~pll.locked, "sync", clk_core)
-
-        # The PHY: reset, management pins idle (strapped defaults), RGMII through DDR buffers.
-        pins_of = platform.lookup("eth_rgmii", 0).ios
-        eth = platform.request("eth_rgmii", 0, dir={
-            pin.name: "-" for pin in pins_of if pin.name not in ("rst", "mdc", "mdio")})
-        # RXC: amaranth-boards gives it no frequency; constrained on the pin (the report
-        # finds it as the domain's clock, rgmii_rx_clk).
-        platform.add_clock_constraint(eth.rx_clk.io, GMII_HZ)
-        m.submodules.rxc = rxc = io.Buffer("i", eth.rx_clk)
-        m.d.comb += ClockSignal("rgmii_rx").eq(rxc.i)
-        reset_cycles = round(PHY_RESET_SECONDS * board.osc_hz)
-        phy_hold = Signal(range(reset_cycles + 1), init=reset_cycles)
-        with m.If(phy_hold != 0):
-            m.d.osc += phy_hold.eq(phy_hold - 1)
-        phy_in_reset = Signal()
-        m.d.osc += phy_in_reset.eq(phy_hold != 0)
-        m.d.comb += [eth.rst.o.eq(phy_in_reset), eth.mdc.o.eq(0), eth.mdio.oe.eq(0)]
-        m.submodules.rx_reset = ResetSynchronizer(button | ~pll.locked | phy_in_reset,
-                                                  domain="rgmii_rx")
-        m.submodules.pins = pins = DomainRenamer("mac")(RgmiiPins(
-            eth, rx_domain="rgmii_rx", tx_clock_domain=tx_clock,
-            rx_delay_taps=board.rx_delay_taps))
-
-        # The target.
+        frame = board_frame(m, platform, self.board, self.pll)
         m.submodules.target = target = TargetCore(**self.params)
-        wiring.connect(m, target.phy, pins.phy)
-
-        # The lights.
-        heartbeat = Signal(range(board.osc_hz))
-        blink = Signal()
-        with m.If(heartbeat == 0):
-            m.d.osc += [heartbeat.eq(board.osc_hz // 2 - 1), blink.eq(~blink)]
-        with m.Else():
-            m.d.osc += heartbeat.eq(heartbeat - 1)
-        unlocked = Signal()
-        m.submodules.lock_sync = FFSynchronizer(~pll.locked, unlocked, o_domain="osc")
-        board.lights(m, platform, {
+        wiring.connect(m, target.phy, frame.pins.phy)
+        self.board.lights(m, platform, {
             "link": target.link, "activity": target.activity, "connected": target.connected,
-            "error": target.error, "heartbeat": blink, "phy_reset": phy_in_reset,
-            "unlocked": unlocked})
+            "error": target.error, "heartbeat": frame.heartbeat, "phy_reset": frame.phy_reset,
+            "unlocked": frame.unlocked})
         return m

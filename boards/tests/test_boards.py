@@ -162,12 +162,22 @@ def test_pll_divided_output():
     gc.collect()
 
 
+def _assert_mac_reset_on_global(netlist):
+    """The MAC side's reset on a clock network: one DCCA, from its last pipeline stage."""
+    spreaders = re.findall(r"cell \\DCCA .*?end", netlist, re.S)
+    assert len(spreaders) == 1
+    assert re.search(r"connect \\CLKI \\mac_reset_stage1\b", spreaders[0]), spreaders[0]
+
+
 def test_ecpix5_echo_top_constraints():
     """The top's LPF: every clock constrained (the PHY's RXC too, which amaranth-boards leaves
-    without one), the RGMII and LED pins placed."""
+    without one), the RGMII and LED pins placed; its clocks and resets the memory target's
+    (the MAC side's reset on a clock network)."""
     top = ecpix5_echo.Top()
     assert [c.name for c in top.clocks] == ["core", "mac", "rx", "osc"]
-    lpf = ecpix5_echo.platform().prepare(top, name="top").files["top.lpf"]
+    files = ecpix5_echo.platform().prepare(top, name="top").files
+    lpf = files["top.lpf"]
+    _assert_mac_reset_on_global(files["top.il"])
     assert 'FREQUENCY NET "clk_core" 62500000.0 HZ;' in lpf
     assert 'FREQUENCY NET "clk_mac" 125000000.0 HZ;' in lpf
     assert 'FREQUENCY PORT "eth_rgmii_0__rx_clk__io" 125000000.0 HZ;' in lpf
@@ -211,9 +221,7 @@ def test_target_top_constraints(board):
     assert len(delays) == (5 if taps else 0)
     for cell in delays:
         assert re.search(rf"parameter \\DEL_VALUE {taps}\b", cell), cell
-    spreaders = re.findall(r"cell \\DCCA .*?end", netlist, re.S)
-    assert len(spreaders) == 1
-    assert re.search(r"connect \\CLKI \\mac_reset_stage1\b", spreaders[0]), spreaders[0]
+    _assert_mac_reset_on_global(netlist)
 
 
 @pytest.fixture(scope="module")
