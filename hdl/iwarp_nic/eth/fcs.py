@@ -319,7 +319,12 @@ class RxChecker(wiring.Component):
         # when the frame ends).
         run = self.run
         acc = Signal(8 * cap)
-        acc_n = Signal(15)  # as wide as `count`, so that the two add up without widening
+        # acc_n (bytes in acc) is at most n + 4 after every cycle, and with the run's bytes at
+        # most cap: a few bits, so that the count and its comparisons, into the enables of
+        # acc and the held FCS, are one short carry chain each (on the MAC side's critical
+        # path at one byte and 125 MHz).
+        count_bits = cap.bit_length()
+        acc_n = Signal(count_bits)
         flush = Signal()  # the frame's final beat is in acc, its FCS and flags are held
         held_fcs = Signal(32)
         held_flags = Signal(3)
@@ -330,9 +335,8 @@ class RxChecker(wiring.Component):
         m.d.comb += combined.eq(acc | select(m, acc_n, {s: fresh << 8 * s
                                                         for s in range(n + _FCS + 1)},
                                              8 * cap, "placed"))
-        total = Signal(15)  # bytes in acc and the run together
-        run_n = _widen(m, run.n, 15, "run_n")
-        m.d.comb += total.eq(acc_n + run_n)
+        total = Signal(count_bits)  # bytes in acc and the run together
+        m.d.comb += total.eq(acc_n + _widen(m, run.n, count_bits, "run_n_acc"))
         # At the end of a frame, `total - 4` of them are the payload and 4 the FCS.
         fcs_at = select(m, total, {t: (combined >> 8 * (t - _FCS))[:32]
                                    for t in range(_FCS + 1, cap + 1)}, 32, "fcs_at")
@@ -340,7 +344,7 @@ class RxChecker(wiring.Component):
                                      for t in range(_FCS + 1, cap + 1)}, n, "end_keep")
         flush_keep = select(m, acc_n, {j: mask(j) for j in range(1, n + 1)}, n, "flush_keep")
         length = Signal(15)  # the frame with its FCS, at its end: one adder from registers
-        m.d.comb += length.eq(seen + run_n)
+        m.d.comb += length.eq(seen + _widen(m, run.n, 15, "run_n"))
         flags = Cat(run.err, lt(length, MIN_FRAME), gt(length, self.max_frame))
 
         b_valid = Signal()
