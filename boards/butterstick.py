@@ -2,7 +2,7 @@
 target (:mod:`boards.target`) on the board's Ethernet jack, a Microchip KSZ9031RNX on RGMII.
 
 * Clocks from the 30 MHz oscillator (``clk30``): 125 MHz for the MAC (CLKI_DIV 6,
-  CLKFB_DIV 25, CLKOP_DIV 5: PFD 5 MHz, VCO 625 MHz), 62.5 MHz for the core, and ``TXC``
+  CLKFB_DIV 25, CLKOP_DIV 5: PFD 5 MHz, VCO 625 MHz), 31.25 MHz for the core, and ``TXC``
   90 degrees (2 ns) late: the KSZ9031's default pad skews delay ``RXC`` by about 1.2 ns and
   add nothing on transmit (LiteX's ButterStick target: no receive delay, 2 ns on transmit).
 * Button 0 resets everything and holds the PHY in reset (20 ms; the KSZ9031 wants 10 ms).

@@ -2,7 +2,7 @@
 (:mod:`boards.target`) on the first of its two Ethernet ports, a Broadcom B50612D on RGMII.
 
 * Clocks from the 25 MHz oscillator (``clk25``): 125 MHz for the MAC (CLKI_DIV 1,
-  CLKFB_DIV 5, CLKOP_DIV 5: VCO 625 MHz) and 62.5 MHz for the core. The B50612D at its
+  CLKFB_DIV 5, CLKOP_DIV 5: VCO 625 MHz) and 31.25 MHz for the core. The B50612D at its
   defaults delays ``TXC`` itself and not ``RXC`` (LiteX's 5A-75x targets: no transmit
   delay, 2 ns on receive), so ``TXC`` leaves with the data and ``RD``/``RX_CTL`` pass a
   ``DELAYG`` of 80 taps (2 ns) before they are sampled.

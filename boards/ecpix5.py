@@ -2,7 +2,7 @@
 (:mod:`boards.target`) on the board's Ethernet jack, a Realtek RTL8211E on RGMII.
 
 * Clocks from the 100 MHz oscillator (``clk100``): 125 MHz for the MAC (CLKI_DIV 4,
-  CLKFB_DIV 5, CLKOP_DIV 5: VCO 625 MHz), 62.5 MHz for the core, and ``TXC`` 90 degrees
+  CLKFB_DIV 5, CLKOP_DIV 5: VCO 625 MHz), 31.25 MHz for the core, and ``TXC`` 90 degrees
   (2 ns) late: the RTL8211E delays ``RXC`` itself (RXDLY strap set) but not ``TXC``, the
   configuration LiteX's ECPIX-5 target uses (no receive delay added, 2 ns on ``TXC``).
 * The user button (``rst``) resets everything and holds the PHY in reset (20 ms).

@@ -41,9 +41,14 @@ from iwarp_nic.eth.rgmii import GMII_RX_PINS, GMII_TX_PINS, RgmiiAdapter
 
 from .common import pll_config, stretched
 from .ecpix5 import BOARD, platform
-from .target import CORE_BYTES, CORE_HZ, GMII_HZ, board_clocks, board_frame
+from .target import GMII_HZ, board_clocks, board_frame
 
-__all__ = ["MAC", "IP", "PORT", "ENGINE", "platform", "Top"]
+__all__ = ["CORE_HZ", "CORE_BYTES", "MAC", "IP", "PORT", "ENGINE", "platform", "Top"]
+
+#: The server's clock and width: two bytes at 62.5 MHz carry GMII's one byte at 125 MHz (the
+#: memory target's core, larger, runs four bytes at 31.25 MHz).
+CORE_HZ = 62_500_000
+CORE_BYTES = 2
 
 #: Default addresses and port: a locally administered MAC, an address on 192.168.1.0/24, echo.
 MAC = 0x02_00_00_00_00_05
@@ -100,12 +105,12 @@ class Top(Elaboratable):
         self.engine = dict(ENGINE if engine is None else engine, clock_hz=CORE_HZ)
         self.isn_key, self.hash_key = isn_key, hash_key
         self.pll = pll_config(BOARD.osc_hz, GMII_HZ, max_error=0)
-        self.clocks = board_clocks(BOARD)
+        self.clocks = board_clocks(BOARD, CORE_HZ)
 
     def elaborate(self, platform):
         m = Module()
 
-        frame = board_frame(m, platform, BOARD, self.pll)
+        frame = board_frame(m, platform, BOARD, self.pll, CORE_HZ)
         m.submodules.rgmii = rgmii = DomainRenamer("mac")(RgmiiAdapter(rx_domain="rgmii_rx"))
         wiring.connect(m, rgmii.phy, frame.pins.phy)
 

@@ -2,11 +2,11 @@
 reset logic and DDR primitives) as generated Verilog under Verilator, with cocotbext-eth's
 ``RgmiiPhy`` on its RGMII pins and the model's whole NIC behind that PHY: the RDMA-target
 test of the core (``tb/nic/test_target.py``, :class:`iwarp_tb.target_peer.TargetPeer`)
-through RGMII, the MAC at 125 MHz and the core at 62.5 MHz.
+through RGMII, the MAC at 125 MHz and the core at 31.25 MHz (four bytes a cycle).
 
 The three boards' tops differ only outside :class:`boards.target.TargetCore` (their PLL's
 input, ``TXC``'s phase, a ``DELAYG`` on ``RD``, their LEDs), so this one simulation covers
-what they share. The clocks are those of the boards: ``clk`` (the core) 16 ns, ``mac_clk``
+what they share. The clocks are those of the boards: ``clk`` (the core) 32 ns, ``mac_clk``
 8 ns, ``tx90_clk`` the same 2 ns later (``TXC``), ``RXC`` from the PHY model (8 ns, its
 own phase).
 
@@ -80,7 +80,7 @@ class Board:
         dut = self.dut
         for name in ("rst", "mac_rst", "rgmii_rx_rst"):
             getattr(dut, name).value = 1
-        cocotb.start_soon(Clock(dut.clk, 16, unit="ns").start())
+        cocotb.start_soon(Clock(dut.clk, round(1e9 / CORE_HZ), unit="ns").start())
         cocotb.start_soon(Clock(dut.mac_clk, 8, unit="ns").start())
 
         async def late():
