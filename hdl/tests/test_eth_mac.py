@@ -432,6 +432,7 @@ def test_latency(phy):
         pins, cycle = [], 0
         ctx.set(mac.o.ready, 1)
         while "rx" not in seen:
+            assert cycle < 10_000, f"no last beat on o after {cycle} cycles"
             *_, a, b, iv, ir, ov, olast = await ctx.tick().sample(
                 *tx, mac.i.valid, mac.i.ready, mac.o.valid, mac.o.payload.last)
             if iv and ir and "accept" not in seen:
