@@ -112,10 +112,9 @@ class RequestIssuer(wiring.Component):
     several connections, one per two cycles of the same connection, and of a connection just
     opened: its state is written back in between; a Read, atomic or fenced request waits a
     cycle after its connection's Read or atomic before it, while that one reaches the table).
-    Latency: a message is offered
-    the cycle after its work request is taken. Bad input: a ``conn`` of ``conns`` or more
-    reads and writes no real connection's state (its memory word is one of the spare ones, or
-    the access is dropped).
+    Latency: a message is offered the cycle after its work request is taken. Bad input: a
+    ``conn`` of ``conns`` or more reads and writes no real connection's state (its memory word
+    is one of the spare ones, or the access is dropped).
     """
 
     def __init__(self, *, max_ord=32, conns=None):
