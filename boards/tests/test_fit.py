@@ -1,10 +1,14 @@
 """Fitting one component alone (boards.fit): one real out-of-context fit of a skid buffer (a few
-seconds of yosys and nextpnr), the argument checks and the command line."""
+seconds of yosys and nextpnr), one real breakdown of two, the argument checks and the command
+line."""
 
 import gc
 import json
 
 import pytest
+from amaranth import Module
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
 
 from boards import build, fit
 from iwarp_nic.stream import BeatLayout, SkidBuffer
@@ -71,7 +75,8 @@ def test_device_names():
 
 @pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
 def test_main(monkeypatch, capsys, tmp_path):
-    """The command line fits a module of iwarp_nic.tops, exit status 1 below target."""
+    """The command line fits a module of iwarp_nic.tops, exit status 1 below target; or prints
+    its breakdown."""
     calls = []
 
     def fake_fit(component, name, **kwargs):
@@ -88,8 +93,46 @@ def test_main(monkeypatch, capsys, tmp_path):
     assert calls[0][2]["target_mhz"] == 156.25 and calls[0][2]["out"] == str(tmp_path)
     assert fit.main(["iwarp_skid_w8", "--seed", "2"]) == 1
     assert "clock clk" in capsys.readouterr().err
+    monkeypatch.setattr(fit, "breakdown", lambda component, name, out=None: {
+        "top": dict.fromkeys(fit.CELLS.values(), 7)})
+    assert fit.main(["iwarp_crc32c_w8", "--breakdown"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split() == ["top", *["7"] * len(fit.CELLS)]
     with pytest.raises(SystemExit) as exit_info:
         fit.main(["no_such_module"])
     assert exit_info.value.code != 0
     assert "iwarp_crc32c_w64" in capsys.readouterr().err
     gc.collect()  # the components main built for the fake fit warn when collected
+
+
+class _TwoSkids(wiring.Component):
+    """Two skid buffers of 73-bit beats in a row, as submodules ``first`` and ``second``."""
+
+    def __init__(self):
+        super().__init__({"i": In(stream.Signature(BeatLayout(8))),
+                          "o": Out(stream.Signature(BeatLayout(8)))})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.first = first = SkidBuffer(BeatLayout(8))
+        m.submodules.second = second = SkidBuffer(BeatLayout(8))
+        wiring.connect(m, wiring.flipped(self.i), first.i)
+        wiring.connect(m, first.o, second.i)
+        wiring.connect(m, second.o, wiring.flipped(self.o))
+        return m
+
+
+def test_breakdown(tmp_path):
+    """Each block's cells, its submodules' included: the two equal buffers cost the same, each
+    at least its two 73-bit registers, and the top is their sum (it has no logic of its own)."""
+    result = fit.breakdown(_TwoSkids(), "two_skids", out=tmp_path)
+    assert json.loads((tmp_path / "breakdown.json").read_text()) == result
+    assert set(result) == {"top", "top.first", "top.second"}
+    first, second, top = result["top.first"], result["top.second"], result["top"]
+    assert set(top) == set(fit.CELLS.values())
+    assert first == second
+    assert first["FF"] >= 2 * 73 and first["LUT4"] > 0
+    assert top == {kind: first[kind] + second[kind] for kind in top}
+    lines = fit.format_breakdown(result, depth=1).splitlines()
+    assert lines[0].split() == ["block", *fit.CELLS.values()]
+    assert [line.split()[0] for line in lines[1:]] == ["top", "first", "second"]
+    assert fit.format_breakdown(result, depth=0).splitlines()[1:] == [lines[1]]
