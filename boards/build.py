@@ -20,7 +20,9 @@ relative to the build folder.
 
 A board is a module in :data:`BOARDS` with a ``platform()`` function returning its
 amaranth-boards platform and a ``Top`` elaboratable whose ``clocks`` attribute lists the
-:class:`~boards.common.ClockTarget` s the report checks.
+:class:`~boards.common.ClockTarget` s the report checks. Its ``SEED``, if it has one, is the
+nextpnr seed its build uses unless ``--seed`` says otherwise (1 if it has none): the seed
+whose placement the board's README figures come from.
 
 The tool runner (:func:`run_tool`, :func:`place_and_route`, :func:`prepare_build_dir`) and the
 device options (:func:`nextpnr_device_flags`) are shared with :mod:`boards.fit`, which measures
@@ -42,7 +44,7 @@ from .common import print_report, summarise
 __all__ = [
     "BOARDS", "ROOT", "NEXTPNR_REPORT", "BuildError", "load_board", "nextpnr_device_flags",
     "nextpnr_device_args", "lattice_device_name", "prepare_build_dir", "run_tool",
-    "place_and_route", "build", "main",
+    "place_and_route", "board_seed", "build", "main",
 ]
 
 #: Board name -> module implementing it.
@@ -170,13 +172,20 @@ def place_and_route(build_dir, device_flags, extra_args, *, seed, router="router
     return json.loads((build_dir / NEXTPNR_REPORT).read_text())
 
 
-def build(board, *, seed=1, out=None):
-    """Build ``board`` with nextpnr seed ``seed`` in ``out`` (default ``build/boards/<board>``).
+def board_seed(board):
+    """The nextpnr seed ``board`` builds with by default: its module's ``SEED``, else 1."""
+    return getattr(load_board(board), "SEED", 1)
+
+
+def build(board, *, seed=None, out=None):
+    """Build ``board`` with nextpnr seed ``seed`` (default :func:`board_seed`) in ``out``
+    (default ``build/boards/<board>``).
 
     Returns ``(report, build_dir)``, ``report`` being the dict written to ``report.json``.
     Raises :class:`BuildError` if a tool fails.
     """
     module = load_board(board)
+    seed = board_seed(board) if seed is None else seed
     build_dir = prepare_build_dir(out if out is not None else ROOT / "build" / "boards" / board)
     start = time.monotonic()
 
@@ -202,7 +211,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m boards.build", description=__doc__.split(
         "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("board", help=f"one of: {', '.join(sorted(BOARDS))}")
-    parser.add_argument("--seed", type=int, default=1, help="nextpnr placement seed (default 1)")
+    parser.add_argument("--seed", type=int, help="nextpnr placement seed (default: the "
+                        "board's SEED, else 1)")
     parser.add_argument("--out", help="build folder (default build/boards/BOARD)")
     args = parser.parse_args(argv)
     if args.board not in BOARDS:

@@ -111,6 +111,19 @@ def test_main_exit_status(monkeypatch, capsys, tmp_path):
     assert str(tmp_path / "yosys.log") in capsys.readouterr().err
 
 
+def test_board_seed(monkeypatch, tmp_path):
+    """A board builds with its own SEED unless --seed is given; 1 if it has none."""
+    assert build.board_seed("ecpix5") == 2
+    assert build.board_seed("butterstick") == 1
+    seeds = []
+    report = {"clocks": {}, "utilisation": {}, "build_seconds": 1.0, "device": "D", "seed": 0}
+    monkeypatch.setattr(build, "build", lambda board, seed, out: (seeds.append(seed), (
+        report, tmp_path))[1])
+    build.main(["ecpix5"])
+    build.main(["ecpix5", "--seed", "5"])
+    assert seeds == [None, 5]
+
+
 def test_report_finds_clocks_by_alias():
     """A net yosys kept under a submodule's name is found by its alias, each clock its own
     (their last components are equal: no guessing by suffix)."""
