@@ -172,9 +172,9 @@ def place_and_route(build_dir, device_flags, extra_args, *, seed, router="router
     return json.loads((build_dir / NEXTPNR_REPORT).read_text())
 
 
-def board_seed(board):
-    """The nextpnr seed ``board`` builds with by default: its module's ``SEED``, else 1."""
-    return getattr(load_board(board), "SEED", 1)
+def board_seed(module):
+    """The nextpnr seed a board builds with by default: its ``module``'s ``SEED``, else 1."""
+    return getattr(module, "SEED", 1)
 
 
 def build(board, *, seed=None, out=None):
@@ -185,7 +185,7 @@ def build(board, *, seed=None, out=None):
     Raises :class:`BuildError` if a tool fails.
     """
     module = load_board(board)
-    seed = board_seed(board) if seed is None else seed
+    seed = board_seed(module) if seed is None else seed
     build_dir = prepare_build_dir(out if out is not None else ROOT / "build" / "boards" / board)
     start = time.monotonic()
 

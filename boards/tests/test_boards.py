@@ -113,12 +113,16 @@ def test_main_exit_status(monkeypatch, capsys, tmp_path):
 
 def test_board_seed(monkeypatch, tmp_path):
     """A board builds with its own SEED unless --seed is given; 1 if it has none."""
-    assert build.board_seed("ecpix5") == 2
-    assert build.board_seed("butterstick") == 1
+    assert build.board_seed(build.load_board("ecpix5")) == 2
+    assert build.board_seed(build.load_board("butterstick")) == 1
     seeds = []
     report = {"clocks": {}, "utilisation": {}, "build_seconds": 1.0, "device": "D", "seed": 0}
-    monkeypatch.setattr(build, "build", lambda board, seed, out: (seeds.append(seed), (
-        report, tmp_path))[1])
+
+    def fake_build(board, seed, out):
+        seeds.append(seed)
+        return report, tmp_path
+
+    monkeypatch.setattr(build, "build", fake_build)
     build.main(["ecpix5"])
     build.main(["ecpix5", "--seed", "5"])
     assert seeds == [None, 5]
