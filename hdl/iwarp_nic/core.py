@@ -169,7 +169,7 @@ class NicCore(wiring.Component):
         wiring.connect(m, engine.o_startup_header, control.i_startup_header)
         wiring.connect(m, engine.o_startup, control.i_startup)
         # (registered: an open takes the issuer's context write, which its work offer waits on)
-        sliced(m, "open_skid", control.o_engine_open, engine.i_open)
+        sliced(m, "open_skid", control.o_engine_open, engine.i_open, half_rate=True)
         wiring.connect(m, control.o_stag_write, engine.i_write)
         wiring.connect(m, engine.o_fault, control.i_fault)
         wiring.connect(m, engine.o_peer_terminate, control.i_peer_terminate)

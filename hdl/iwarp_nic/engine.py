@@ -219,7 +219,7 @@ class IwarpEngine(wiring.Component):
         m.d.comb += iss.ord.eq(agreed.ord)
         outward(iss.o_refused, "o_refused")
         wiring.connect(m, iss.o_outstanding, rx.i_outstanding)
-        sliced(m, "send_skid", iss.o_send, sch.i_send)     # the scheduler's ready: registered
+        _sends_sliced(m, iss, sch, n)
         wiring.connect(m, resp.o_response, sch.i_response)
         m.d.comb += [resp.done.eq(sch.response_sent), resp.done_inline.eq(sch.response_inline)]
         wiring.connect(m, tx.o_fetch, sch.i_fetch)
@@ -436,7 +436,7 @@ class ConnectionsEngine(wiring.Component):
         wiring.connect(m, ex.o_original, resp.i_original)
 
         # Send: work requests and responses to FPDUs.
-        sliced(m, "send_skid", iss.o_send, sch.i_send)     # the scheduler's ready: registered
+        _sends_sliced(m, iss, sch, self.data_bytes)
         wiring.connect(m, iss.o_outstanding, rx.i_push)
         m.d.comb += [rx.count_conn.eq(iss.outstanding_conn),
                      iss.outstanding.eq(widened(m, rx.count, 14, "outstanding_count"))]
@@ -506,6 +506,16 @@ def _rtr_first(m, work, host_work, rtr, source, allowed, conn=None):
         m.d.comb += [work.payload.eq(host_work.payload),
                      work.valid.eq(host_work.valid & allowed),
                      host_work.ready.eq(work.ready & allowed)]
+
+
+def _sends_sliced(m, issuer, scheduler, data_bytes):
+    """The issuer's messages into the scheduler through a register slice, so that the
+    scheduler's ready is a register. At 8 bytes a beat or less every FPDU (16 octets at least:
+    the length field and a tagged header, with no payload and no CRC) spans two beats or more,
+    so a message every other cycle is all the sender can put out: a one-entry slice
+    (:class:`~iwarp_nic.stream.HalfRateSlice`) then holds the message; wider datapaths keep a
+    skid buffer's full rate."""
+    sliced(m, "send_skid", issuer.o_send, scheduler.i_send, half_rate=data_bytes <= 8)
 
 
 def _forward_segments(m, rx, resp, term, data_bytes):

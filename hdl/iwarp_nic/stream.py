@@ -1,4 +1,5 @@
-"""Byte streams: the beat layout every datapath block speaks, and a skid buffer.
+"""Byte streams: the beat layout every datapath block speaks, and register slices (a skid buffer
+at full rate, a one-entry slice at half rate).
 
 A *beat* is one transfer of a byte stream, ``{data, keep, last}`` plus ``err`` where a packet can
 be found bad only at its end. AXI-Stream rules apply:
@@ -23,7 +24,7 @@ from .exact import mask, select
 from .tcp.layouts import conn_bits
 
 __all__ = ["DATA_BYTES", "check_data_bytes", "BeatLayout", "BeatStream", "keep_count", "SkidBuffer",
-           "sliced", "pass_through"]
+           "HalfRateSlice", "sliced", "pass_through"]
 
 #: Datapath widths, in bytes per beat, that every streaming block supports.
 DATA_BYTES = (1, 2, 4, 8, 16, 32, 64)
@@ -124,9 +125,53 @@ class SkidBuffer(wiring.Component):
         return m
 
 
-def sliced(m, name, source, sink):
-    """Connect ``source`` to ``sink`` through a :class:`SkidBuffer` (submodule ``name``): the
-    two ends' valid, ready and payload then meet only at registers, for one cycle more."""
-    buffer = m.submodules[name] = SkidBuffer(source.payload.shape())
+class HalfRateSlice(wiring.Component):
+    """A one-entry register slice: it cuts every path between ``i`` and ``o`` as
+    :class:`SkidBuffer` does, for half its flip-flops and none of its multiplexers, at half its
+    rate.
+
+    ``o.payload``/``o.valid`` come from a register, and ``i.ready`` is the register's emptiness:
+    a transfer is taken only into an empty slice, and leaves it a cycle or more later.
+
+    * Throughput: one transfer every other cycle at most. Meant for streams that carry one
+      transfer per packet, segment or request, where the blocks on either side already spend
+      two cycles or more on each (a segment's header beside its beats, a request taking several
+      cycles of a state machine): there the rate is never the limit, and the payload (often a
+      header of hundreds of bits) is held once rather than twice.
+    * Latency: one cycle from ``i`` to ``o``.
+    * Order and content are preserved exactly; it never drops or duplicates a transfer.
+
+    Parameters
+    ----------
+    shape : shape-like
+        The payload shape.
+    """
+
+    def __init__(self, shape):
+        self._shape = shape
+        super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape))})
+
+    def elaborate(self, platform):
+        m = Module()
+        held = Signal(self._shape)
+        full = Signal()
+        m.d.comb += [
+            self.i.ready.eq(~full),
+            self.o.valid.eq(full),
+            self.o.payload.eq(held),
+        ]
+        with m.If(self.i.valid & ~full):
+            m.d.sync += [held.eq(self.i.payload), full.eq(1)]
+        with m.Elif(self.o.ready):
+            m.d.sync += full.eq(0)
+        return m
+
+
+def sliced(m, name, source, sink, *, half_rate=False):
+    """Connect ``source`` to ``sink`` through a :class:`SkidBuffer` (submodule ``name``), or a
+    :class:`HalfRateSlice` with ``half_rate``: the two ends' valid, ready and payload then meet
+    only at registers, for one cycle more."""
+    kind = HalfRateSlice if half_rate else SkidBuffer
+    buffer = m.submodules[name] = kind(source.payload.shape())
     wiring.connect(m, source, buffer.i)
     wiring.connect(m, buffer.o, sink)

@@ -9,7 +9,7 @@ at the DMA engine's width (8 and 64 bytes).
 
 from amaranth import unsigned
 
-from .stream import BeatLayout, SkidBuffer
+from .stream import BeatLayout, HalfRateSlice, SkidBuffer
 
 #: Tops whose blocks are all part of another top at the same width (the one named, which
 #: builds them with the same defaults): ``make lint`` checks their code there rather than
@@ -90,6 +90,7 @@ def tops():
         tops[f"iwarp_eth_parser_w{n}"] = lambda n=n: HeaderParser(ETHERNET, n, err=True)
         tops[f"iwarp_eth_emitter_w{n}"] = lambda n=n: HeaderEmitter(ETHERNET, n, err=True)
         tops[f"iwarp_skid_w{n}"] = lambda n=n: SkidBuffer(BeatLayout(n, err=True))
+        tops[f"iwarp_half_slice_w{n}"] = lambda n=n: HalfRateSlice(BeatLayout(n, err=True))
         tops[f"iwarp_crc32c_w{n}"] = lambda n=n: CRC32CEngine(n)
         tops[f"iwarp_crc32_w{n}"] = lambda n=n: CRC32Engine(n)
         tops[f"iwarp_ip_stack_w{n}"] = lambda n=n: IpStack(n)

@@ -1,4 +1,5 @@
-"""SkidBuffer as generated Verilog: cocotb with random back-pressure, and bulk via the player."""
+"""SkidBuffer and HalfRateSlice as generated Verilog: cocotb with random back-pressure, and bulk
+via the player."""
 
 import random
 from pathlib import Path
@@ -6,13 +7,15 @@ from pathlib import Path
 import cocotb
 import pytest
 
-from iwarp_nic.stream import BeatLayout, SkidBuffer
+from iwarp_nic.stream import BeatLayout, HalfRateSlice, SkidBuffer
 from iwarp_tb import cocotb_env
 from iwarp_tb.beats import Packet, from_beats, to_beats
 from iwarp_tb.runner import BeatPlayer, run_cocotb
 from iwarp_tb.streams import StreamPort, recv_packets, send_packets
 
 WIDTHS = (1, 8, 64)
+#: Each slice by its tops' name, and the cycles it takes per transfer with no idles or stalls.
+KINDS = {"skid": (SkidBuffer, 1), "half_slice": (HalfRateSlice, 2)}
 
 
 def random_packets(rng, count, max_len, err_rate=0.2):
@@ -35,18 +38,23 @@ async def skid_random_backpressure(dut):
     assert [p.err for p in got] == [p.err for p in packets]
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("width", WIDTHS)
-def test_skid_cocotb(width):
-    run_cocotb(f"iwarp_skid_w{width}", SkidBuffer(BeatLayout(width, err=True)), "test_skid",
+def test_skid_cocotb(width, kind):
+    cls, _ = KINDS[kind]
+    run_cocotb(f"iwarp_{kind}_w{width}", cls(BeatLayout(width, err=True)), "test_skid",
                test_dir=Path(__file__).parent, env={"WIDTH": width, "IWARP_SEED": width})
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("width", WIDTHS)
-def test_skid_bulk(width):
+def test_skid_bulk(width, kind):
     """200 000 beats with random idles and stalls: every byte and err flag comes out in order,
-    and with no idles or stalls the buffer passes one beat per cycle."""
+    and with no idles or stalls the skid buffer passes one beat per cycle, the half-rate slice
+    one every other cycle."""
+    cls, cycles_per_beat = KINDS[kind]
     rng = random.Random(width)
-    player = BeatPlayer(f"iwarp_skid_w{width}", SkidBuffer(BeatLayout(width, err=True)))
+    player = BeatPlayer(f"iwarp_{kind}_w{width}", cls(BeatLayout(width, err=True)))
     packets = random_packets(rng, 200_000 * width // 500, 1000)
     out = player.play(packets, idle=0.3, ready=0.7, seed=width)
     got = from_beats(out, width)
@@ -55,4 +63,4 @@ def test_skid_bulk(width):
     beats = sum(len(to_beats(p, width)) for p in packets)
     out = player.play(packets)
     assert out.stats["in_beats"] == out.stats["out_transfers"] == beats
-    assert out.cycles[-1] - out.cycles[0] == beats - 1
+    assert out.cycles[-1] - out.cycles[0] == cycles_per_beat * (beats - 1)

@@ -18,7 +18,7 @@ from amaranth.lib.wiring import In, Out
 from ..exact import Machine, add, is_zero, one_of, select, sub, widened, wire, wrap_add, wrap_sub
 from ..hdrparse import HeaderEmitter, HeaderLayout
 from ..headers import DDP_TAGGED, DDP_UNTAGGED
-from ..stream import BeatStream, SkidBuffer, check_data_bytes
+from ..stream import BeatStream, HalfRateSlice, check_data_bytes
 from ..tcp.layouts import with_conn
 from .segment import QUEUE, TAGGED_OPCODES
 
@@ -84,11 +84,12 @@ class SegmentEmitter(wiring.Component):
         m.submodules.tagged = tagged_out = HeaderEmitter(DDP_TAGGED, n)
         m.submodules.untagged = untagged_out = HeaderEmitter(DDP_UNTAGGED, n)
         # Headers reach the emitters through register slices: the planner then never waits on
-        # a ready that depends on the output's.
+        # a ready that depends on the output's. One-entry slices: the planner makes a header
+        # every two cycles at best.
         heads = {}
         for name, emitter, fmt in (("tagged", tagged_out, DDP_TAGGED),
                                    ("untagged", untagged_out, DDP_UNTAGGED)):
-            m.submodules[f"{name}_slice"] = cut = SkidBuffer(HeaderLayout(fmt))
+            m.submodules[f"{name}_slice"] = cut = HalfRateSlice(HeaderLayout(fmt))
             wiring.connect(m, cut.o, emitter.i_header)
             heads[name] = cut.i
         # Which emitter each payload packet and each output packet belongs to (1: tagged).

@@ -18,7 +18,7 @@ from ..exact import eq, gt
 from ..mpa import FpduDeframer, MpaReceiver
 from ..mpa.deframer import ErrorKind
 from ..mpa.negotiate import Rtr
-from ..stream import BeatStream, SkidBuffer, check_data_bytes, pass_through
+from ..stream import BeatStream, HalfRateSlice, check_data_bytes, pass_through
 from ..tcp.layouts import ConnRef, with_conn
 from . import placement
 from .outstanding import OutstandingTable
@@ -299,8 +299,9 @@ class ConnectionsReceiver(wiring.Component):
 def _checked_headers(m, rtr, placer, conns):
     """The RTR check's headers into the placer through a register slice: the placer's ready
     would otherwise chain back through the check (its memories read at the header's
-    connection) into the parser and the deframer."""
-    m.submodules.checked = checked = SkidBuffer(with_conn(SegmentHeader, conns))
+    connection) into the parser and the deframer. The placer spends two cycles at least on a
+    header (it takes it, then decides), so a one-entry slice loses nothing."""
+    m.submodules.checked = checked = HalfRateSlice(with_conn(SegmentHeader, conns))
     wiring.connect(m, rtr.o, checked.i)
     wiring.connect(m, checked.o, placer.i_header)
 

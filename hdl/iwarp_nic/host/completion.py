@@ -18,7 +18,7 @@ from ..ddp.placement import PlaceRequest, ReadDone, ReceiveCompletion
 from ..exact import eq, select, wrap_sub
 from ..rdmap import Refused, Sent
 from ..roundrobin import merge
-from ..stream import BeatStream, SkidBuffer, check_data_bytes, sliced
+from ..stream import BeatStream, HalfRateSlice, check_data_bytes, sliced
 from ..tcp.layouts import conn_bits, with_conn
 from .descriptor import DescriptorPacker
 from .fence import WriteFence
@@ -114,14 +114,15 @@ class CompletionWriter(wiring.Component):
                 m.d.sync += [send_cq[k].eq(qp.payload.send_cq), recv_cq[k].eq(qp.payload.recv_cq)]
 
         # The four kinds of completion as entries, one taken at a time, round robin. Each
-        # input is registered first, so the grant and the decision below reach back into
-        # the engine only through a register.
+        # input is registered first (a one-entry slice: a completion of a kind every other
+        # cycle at most, as fast as the fence passes entries), so the grant and the decision
+        # below reach back into the engine only through a register.
         Entry = StructLayout({"cqe": Cqe, "recv": 1})
         sources = []
         for name in ("sent", "read_done", "refused", "complete"):
             port = getattr(self, f"i_{name}")
             source = stream.Signature(port.payload.shape()).flip().create(path=(f"{name}_in",))
-            sliced(m, f"{name}_skid", wiring.flipped(port), source)
+            sliced(m, f"{name}_skid", wiring.flipped(port), source, half_rate=True)
             sources.append(source)
         entries = [Signal(Entry, name=f"entry_{k}") for k in range(len(sources))]
         for entry, source in zip(entries, sources):
@@ -150,7 +151,7 @@ class CompletionWriter(wiring.Component):
 
         # Each entry, registered again after the fence, into its queue's next slot, unless the
         # queue is full.
-        m.submodules.decided = decided = SkidBuffer(Entry)
+        m.submodules.decided = decided = HalfRateSlice(Entry)
         wiring.connect(m, fence.o, decided.i)
         rings = Rings(self.cqs, CQE_BYTES, "cq")    # next: the producer; tail: the driver's
         head = decided.o.payload

@@ -19,7 +19,7 @@ from amaranth.lib.wiring import In, Out
 from ..exact import Machine, add, add_counts, eq, gt, lt, mask, ne, sub
 from ..hdrparse import HeaderEmitter, HeaderParser, HeaderStream
 from ..headers import ETHERNET, IPV4
-from ..stream import BeatLayout, BeatStream, SkidBuffer, check_data_bytes
+from ..stream import BeatLayout, BeatStream, HalfRateSlice, SkidBuffer, check_data_bytes
 from .checksum import lane_words, ones_reduce, ones_sum, words
 
 __all__ = ["Ipv4Rx", "Ipv4Tx", "TxRequest", "ETHERTYPE_IPV4", "RX_COUNTERS", "TX_COUNTERS"]
@@ -79,7 +79,8 @@ class Ipv4Rx(wiring.Component):
     is held until the frame's last beat shows ``err``. A header-only datagram is offered only
     once its frame has ended. Throughput: one beat per cycle within a datagram, plus one cycle
     per datagram for its header, and one more when the header was not already parsed as the
-    previous datagram ended.
+    previous datagram ended; a datagram every other cycle at most (its header leaves through a
+    one-entry register slice, :class:`~iwarp_nic.stream.HalfRateSlice`).
 
     Timing: every port is registered (:class:`~iwarp_nic.stream.SkidBuffer` on ``i``,
     ``o_header`` and ``o_payload``), so no combinational path crosses the block. The header
@@ -109,7 +110,7 @@ class Ipv4Rx(wiring.Component):
         # Two beats of slack for the cycle the header checks take: the payload behind a header
         # waits here, not at the input.
         m.submodules.parsed_skid = parsed_skid = SkidBuffer(BeatLayout(n, err=True))
-        m.submodules.header_skid = header_skid = SkidBuffer(self.o_header.payload.shape())
+        m.submodules.header_skid = header_skid = HalfRateSlice(self.o_header.payload.shape())
         m.submodules.payload_skid = payload_skid = SkidBuffer(BeatLayout(n, err=True))
         wiring.connect(m, wiring.flipped(self.i), i_skid.i)
         wiring.connect(m, i_skid.o, parser.i)

@@ -28,7 +28,7 @@ from ..fifo import PacketFifo
 from ..hdrparse import HeaderStream
 from ..headers import IPV4
 from ..ip.ipv4 import TxRequest
-from ..stream import BeatStream, SkidBuffer, check_data_bytes, sliced
+from ..stream import BeatStream, HalfRateSlice, check_data_bytes, sliced
 from ..trim import HeadTrim
 from .control import CONN_COUNTERS, TcpControl
 from .control import COUNTERS as CONTROL_COUNTERS
@@ -148,17 +148,18 @@ class TcpEngine(wiring.Component):
         m.submodules.tx_gate = tx_gate = HeadTrim(n, 16)
 
         # Receive: segments checked by TcpRx, payloads buffered until the control's verdict.
-        # Skid buffers on the engine's four IP-side streams, so no valid/ready or data path runs
-        # between the IP stack's arbiters and TcpRx/TcpTx (each blocks' fit alone leaves its
-        # ports untimed).
-        sliced(m, "ip_header_skid", wiring.flipped(self.i_ip_header), rx.i_header)
+        # Register slices on the engine's four IP-side streams, so no valid/ready or data path
+        # runs between the IP stack's arbiters and TcpRx/TcpTx (each blocks' fit alone leaves its
+        # ports untimed). The header streams, one transfer per segment, take one-entry slices:
+        # TcpControl handles a segment in nine cycles or more each way.
+        sliced(m, "ip_header_skid", wiring.flipped(self.i_ip_header), rx.i_header, half_rate=True)
         sliced(m, "ip_skid", wiring.flipped(self.i_ip), rx.i)
         wiring.connect(m, rx.o_data, rx_buffer.i)
         m.d.comb += control.rx_free.eq(rx_buffer.free)
         # A payload that overflowed the buffer takes its segment with it (the peer sends it
         # again): the fate of each payload, in order, meets its record here. The records pass a
-        # skid buffer first, so the control's ready does not reach back into TcpRx.
-        m.submodules.seg_skid = seg_skid = SkidBuffer(rx.o_seg.payload.shape())
+        # register slice first, so the control's ready does not reach back into TcpRx.
+        m.submodules.seg_skid = seg_skid = HalfRateSlice(rx.o_seg.payload.shape())
         wiring.connect(m, rx.o_seg, seg_skid.i)
         seg = seg_skid.o
         m.submodules.fates = fates = fifo.SyncFIFOBuffered(width=1, depth=4)
@@ -197,7 +198,7 @@ class TcpEngine(wiring.Component):
         # The ring's words come straight out of its block RAMs (and the mux between them): a
         # skid buffer registers them before TcpTx, which acts on them in the same cycle.
         sliced(m, "ring_skid", ring.o_data, tx.i_data)
-        sliced(m, "tx_header_skid", tx.o_header, wiring.flipped(self.o_ip_header))
+        sliced(m, "tx_header_skid", tx.o_header, wiring.flipped(self.o_ip_header), half_rate=True)
         sliced(m, "tx_skid", tx.o, wiring.flipped(self.o_ip))
 
         wiring.connect(m, wiring.flipped(self.i_cmd), control.i_cmd)

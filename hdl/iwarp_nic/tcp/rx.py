@@ -24,7 +24,7 @@ from ..hdrparse import HeaderParser, HeaderStream
 from ..headers import IPV4, TCP
 from ..ip.checksum import lane_words, ones_sum
 from ..ip.stack import PROTO_TCP
-from ..stream import BeatLayout, BeatStream, SkidBuffer, check_data_bytes
+from ..stream import BeatLayout, BeatStream, HalfRateSlice, SkidBuffer, check_data_bytes
 from ..trim import HeadTrim
 from .layouts import RxSegment
 
@@ -128,15 +128,17 @@ class TcpRx(wiring.Component):
         n = self.data_bytes
         m.submodules.parser = parser = HeaderParser(TCP, n, err=True)
         m.submodules.trim = trim = HeadTrim(n, COUNT_BITS, err=True)
-        # Skid buffers around the parser: on its input, so that the verdicts at a segment's last
+        # Register slices around the parser: on its input, so that the verdicts at a segment's last
         # beat (its err input) come from a register; on both its outputs, so that what is decided
         # from the parsed header (the trim's count and handshake, the end of the segment) stays
         # out of the parser's ready, and so out of the input's. The trim's count passes one too
         # (it still meets its first payload beat, which the parser offers a cycle after the
-        # header), so the trim's handshake depends on registers only.
+        # header), so the trim's handshake depends on registers only. The header's slice holds
+        # one header (a header every other cycle at most: more than TcpControl takes, a segment
+        # in nine cycles or more); the others are skid buffers, at a beat per cycle.
         m.submodules.in_skid = in_skid = SkidBuffer(BeatLayout(n, err=True))
         wiring.connect(m, in_skid.o, parser.i)
-        m.submodules.header_skid = header_skid = SkidBuffer(parser.o_header.payload.shape())
+        m.submodules.header_skid = header_skid = HalfRateSlice(parser.o_header.payload.shape())
         m.submodules.payload_skid = payload_skid = SkidBuffer(BeatLayout(n, err=True))
         wiring.connect(m, parser.o_header, header_skid.i)
         wiring.connect(m, parser.o_payload, payload_skid.i)

@@ -24,7 +24,7 @@ from ..headers import TCP, Field, HeaderFormat
 from ..ip.checksum import lane_words, ones_reduce, ones_sum, words
 from ..ip.ipv4 import TxRequest
 from ..ip.stack import PROTO_TCP
-from ..stream import BeatLayout, BeatStream, SkidBuffer, check_data_bytes
+from ..stream import BeatLayout, BeatStream, HalfRateSlice, check_data_bytes
 from .layouts import RingRequest, TxSegment
 
 __all__ = ["TcpTx", "SYN_OPTIONS", "SACK_OPTION"]
@@ -97,8 +97,10 @@ class TcpTx(wiring.Component):
     segments while its ones' complement sum is accumulated; the header (which needs the sum)
     follows once the last payload byte is in, so the next segment's payload is read while the
     previous one is sent. Ring reads run ahead of the buffer by up to four records. The header's
-    checksum is summed over two register stages (:class:`~iwarp_nic.stream.SkidBuffer`) between
-    the buffer's records and the outputs.
+    checksum is summed over two register stages between the buffer's records and the outputs.
+    Records are taken into, and summed through, one-entry register slices
+    (:class:`~iwarp_nic.stream.HalfRateSlice`): a record every other cycle at most, where
+    :class:`.control.TcpControl` gives one per transmit turn of twelve cycles or more.
 
     Latency (no back-pressure): the request on ``o_header`` is offered seven cycles after a
     record without payload is taken, or four cycles after the last payload beat is taken from
@@ -152,10 +154,10 @@ class TcpTx(wiring.Component):
         wiring.connect(m, emitter.o, wiring.flipped(self.o))
 
         # --- Records in: each one's payload length clamped and registered with the flag "reads
-        # the ring" (a skid buffer, so that the clamp's comparisons stay out of the handshakes
+        # the ring" (a register slice, so that the clamp's comparisons stay out of the handshakes
         # below), then queued, and its ring read issued with it. ---
         rec = self.i_seg.payload
-        m.submodules.seg_skid = seg_skid = SkidBuffer(StructLayout({"seg": seg_layout,
+        m.submodules.seg_skid = seg_skid = HalfRateSlice(StructLayout({"seg": seg_layout,
                                                                     "ring": 1}))
         clamped = seg_skid.i.payload.seg
         m.d.comb += [clamped.eq(rec), self.i_seg.ready.eq(seg_skid.i.ready),
@@ -273,10 +275,10 @@ class TcpTx(wiring.Component):
         head_words = words(TCP.pack(header(done_seg.seg, "sum_fields")), TCP.length)
         m.submodules.tx_sum = adders = Module()
         part_a = ones_reduce(adders, [*pseudo, *head_words, done_seg.sum], "tx_sum_a", levels=1)
-        m.submodules.sum_a = sum_a = SkidBuffer(StructLayout({
+        m.submodules.sum_a = sum_a = HalfRateSlice(StructLayout({
             "seg": seg_layout, "partial": ArrayLayout(16, len(part_a))}))
         part_b = ones_reduce(adders, sum_a.o.payload.partial, "tx_sum_b", levels=2)
-        m.submodules.sum_b = sum_b = SkidBuffer(StructLayout({
+        m.submodules.sum_b = sum_b = HalfRateSlice(StructLayout({
             "seg": seg_layout, "partial": ArrayLayout(16, len(part_b))}))
         m.d.comb += [sum_a.i.valid.eq(filled.r_rdy), filled.r_en.eq(sum_a.i.ready),
                      sum_a.i.payload.seg.eq(done_seg.seg),
