@@ -56,59 +56,10 @@ def test_slice_random_backpressure(width, kind):
     assert [p.err for p in got] == [p.err for p in packets]
 
 
-def test_skid_full_rate_and_registered_ready():
-    """With no back-pressure one transfer passes per cycle; i.ready never depends on o.ready
-    in the same cycle (it is a register), so a stall is seen at the input a cycle later."""
-    dut = SkidBuffer(unsigned(32))
-    values = list(range(1, 101))
-    got = []
-    ready_trace = []
-
-    async def source(ctx):
-        await send(AmaranthBus(ctx), StreamPort.amaranth(dut.i),
-                   ({"data": v} for v in values))
-
-    async def sink(ctx):
-        bus = AmaranthBus(ctx)
-        ctx.set(dut.o.ready, 1)
-        cycles = 0
-        while len(got) < len(values):
-            valid, data, i_ready = await bus.edge(dut.o.valid, dut.o.payload, dut.i.ready)
-            ready_trace.append(i_ready)
-            cycles += 1
-            if valid:
-                got.append(data)
-        assert cycles == len(values) + 1  # one cycle of latency, then one per cycle
-
-    run(dut, source, sink)
-    assert got == values
-    assert all(ready_trace)
-
-    # Now a stalled output: the first stalled transfer lands in the skid slot, then ready falls.
-    dut = SkidBuffer(unsigned(32))
-    seen = []
-
-    async def stalled(ctx):
-        bus = AmaranthBus(ctx)
-        ctx.set(dut.i.valid, 1)
-        ctx.set(dut.o.ready, 0)
-        for v in range(1, 6):
-            ctx.set(dut.i.payload, v)
-            (i_ready,) = await bus.edge(dut.i.ready)
-            seen.append(i_ready)
-        received = await recv(bus, StreamPort.amaranth(dut.o), 2)
-        assert [t["data"] for t in received] == [1, 2]
-
-    run(dut, stalled)
-    assert seen == [1, 1, 0, 0, 0]
-
-
-def test_half_rate_slice_every_other_cycle_and_registered_ready():
-    """With no back-pressure a transfer passes every other cycle, each a cycle after it was
-    taken; i.ready is the slice's emptiness, so it never depends on o.ready in the same cycle,
-    and while o stalls the one transfer held waits and nothing more is taken."""
-    dut = HalfRateSlice(unsigned(32))
-    values = list(range(1, 51))
+def _unstalled(kind, values):
+    """``values`` through a fresh ``kind`` of 32 bits with the output always ready: what came
+    out, and per cycle until the last came out, ``(o.valid, i.ready)``."""
+    dut = kind(unsigned(32))
     got = []
     trace = []
 
@@ -126,23 +77,55 @@ def test_half_rate_slice_every_other_cycle_and_registered_ready():
                 got.append(data)
 
     run(dut, source, sink)
-    assert got == values
-    # taken in one cycle, offered in the next (while the input waits), then empty again
-    assert trace == [(0, 1), (1, 0)] * len(values)
+    return got, trace
 
-    dut = HalfRateSlice(unsigned(32))
+
+def _stalled(kind, offered, held):
+    """1, 2, ... ``offered`` offered to a fresh ``kind`` of 32 bits whose output stalls: its
+    ``i.ready`` in each of those cycles, then the first ``held`` transfers it gives out."""
+    dut = kind(unsigned(32))
     seen = []
+    received = []
 
     async def stalled(ctx):
         bus = AmaranthBus(ctx)
         ctx.set(dut.i.valid, 1)
         ctx.set(dut.o.ready, 0)
-        for v in range(1, 5):
+        for v in range(1, offered + 1):
             ctx.set(dut.i.payload, v)
             (i_ready,) = await bus.edge(dut.i.ready)
             seen.append(i_ready)
-        received = await recv(bus, StreamPort.amaranth(dut.o), 1)
-        assert [t["data"] for t in received] == [1]
+        received.extend(t["data"] for t in await recv(bus, StreamPort.amaranth(dut.o), held))
 
     run(dut, stalled)
+    return seen, received
+
+
+def test_skid_full_rate_and_registered_ready():
+    """With no back-pressure one transfer passes per cycle; i.ready never depends on o.ready
+    in the same cycle (it is a register), so a stall is seen at the input a cycle later."""
+    values = list(range(1, 101))
+    got, trace = _unstalled(SkidBuffer, values)
+    assert got == values
+    assert len(trace) == len(values) + 1  # one cycle of latency, then one per cycle
+    assert all(i_ready for _, i_ready in trace)
+
+    # Now a stalled output: the first stalled transfer lands in the skid slot, then ready falls.
+    seen, received = _stalled(SkidBuffer, 5, 2)
+    assert received == [1, 2]
+    assert seen == [1, 1, 0, 0, 0]
+
+
+def test_half_rate_slice_every_other_cycle_and_registered_ready():
+    """With no back-pressure a transfer passes every other cycle, each a cycle after it was
+    taken; i.ready is the slice's emptiness, so it never depends on o.ready in the same cycle,
+    and while o stalls the one transfer held waits and nothing more is taken."""
+    values = list(range(1, 51))
+    got, trace = _unstalled(HalfRateSlice, values)
+    assert got == values
+    # taken in one cycle, offered in the next (while the input waits), then empty again
+    assert trace == [(0, 1), (1, 0)] * len(values)
+
+    seen, received = _stalled(HalfRateSlice, 4, 1)
+    assert received == [1]
     assert seen == [1, 0, 0, 0]
