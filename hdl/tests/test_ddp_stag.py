@@ -7,9 +7,10 @@ fast-registered or not), and each entry is written into the DUT. Then one sequen
 goes in, each taken before the next is offered, with random idles and random stalls on both
 results: checks inside and at the edges of each region, past them, wrapping the TO, under
 another key or PD, for each right, at unused indices and indices beyond the table; remote
-invalidations of every kind; fast re-registrations under a new key and deregistrations as host
-writes. Every result must be the model's (its exception, or the host address) for the same
-sequence.
+invalidations of every kind, each followed by a check at an empty index (offered while the
+invalidation is under way) and one of the region; fast re-registrations under a new key and
+deregistrations as host writes. Every result must be the model's (its exception, or the host
+address) for the same sequence.
 """
 
 import random
@@ -87,6 +88,12 @@ def operations(rng, model):
             if rng.random() < 0.15:
                 invalidate(region.stag if rng.random() < 0.7 else region.stag ^ 2,
                            pd if rng.random() < 0.8 else rng.randrange(4))
+                # A check at an empty index, offered while the invalidation is under way, then
+                # one of this region: the entry written back is the one invalidated.
+                used = {stag_index(r.stag) for r in model.regions}
+                empty = next(k for k in range(ENTRIES) if k not in used)
+                check(make_stag(empty, region.stag & 0xFF), 0, 1, 0, pd)
+                check(region.stag, region.iova, 1, 0, pd)
         # Host writes between requests: a fast re-registration under a new key, and a
         # deregistration.
         for region in model.regions:

@@ -129,21 +129,28 @@ class StagTable(wiring.Component):
         wr = memory.write_port()
         rd = memory.read_port(transparent_for=(wr,))
         request = LookupRequest(self.pd_bits)
+        index_bits = self.index_bits
 
-        # Stage k holds one request: `valid`, `inv` (an invalidation), the request.
-        def stage(name):
+        def index_of(stag):
+            return stag[8:8 + index_bits]
+
+        # Stage k holds one request: `valid`, `inv` (an invalidation), and what is left of the
+        # request: all of it in stages 1 and 2, which check it; only its index in 3 and 4.
+        def stage(name, layout):
             return (Signal(name=f"{name}_valid"), Signal(name=f"{name}_inv"),
-                    Signal(request, name=f"{name}_req"))
+                    Signal(layout, name=f"{name}_req"))
 
-        s1, s2, s3 = stage("s1"), stage("s2"), stage("s3")
-        s4 = stage("s4")
-        e2, e3 = Signal(entry), Signal(entry)
+        s1, s2 = stage("s1", request), stage("s2", request)
+        s3, s4 = stage("s3", index_bits), stage("s4", index_bits)
+        e2 = Signal(entry)
         outs = (self.o_check, self.o_invalidate)
         advance = wire(m, Cat(~o.valid | o.ready for o in outs).all(), "advance")
         pending = Signal()          # an invalidation's write, the cycle after its result
         busy = wire(m, Cat(s[0] & s[1] for s in (s1, s2, s3, s4)).any() | pending, "busy")
 
-        # Stage 0: take an invalidation first, else a check; read the entry.
+        # Stage 0: take an invalidation first, else a check; read the entry. Nothing is read
+        # while an invalidation is under way, so the read port holds its entry until the
+        # invalidation writes it back.
         take_inv = wire(m, advance & ~busy & self.i_invalidate.valid, "take_inv")
         take_check = wire(m, advance & ~busy & ~self.i_invalidate.valid & self.i_check.valid,
                           "take_check")
@@ -151,7 +158,7 @@ class StagTable(wiring.Component):
         # Which request stage 1 holds does not wait on `busy`: nothing is taken while it is set.
         inv_first = self.i_invalidate.valid
         stag = Mux(inv_first, self.i_invalidate.payload.stag, self.i_check.payload.stag)
-        m.d.comb += [rd.addr.eq(stag[8:8 + self.index_bits]), rd.en.eq(advance)]
+        m.d.comb += [rd.addr.eq(index_of(stag)), rd.en.eq(advance & ~busy)]
 
         with m.If(advance):
             m.d.sync += [s1[0].eq(take_inv | take_check), s1[1].eq(take_inv)]
@@ -162,17 +169,19 @@ class StagTable(wiring.Component):
                 m.d.sync += s1[2].eq(self.i_check.payload)
             # Stage 1 -> 2: the entry read, registered.
             m.d.sync += [s2[0].eq(s1[0]), s2[1].eq(s1[1]), s2[2].eq(s1[2]), e2.eq(rd.data)]
-            m.d.sync += [s3[0].eq(s2[0]), s3[1].eq(s2[1]), s3[2].eq(s2[2]), e3.eq(e2)]
+            m.d.sync += [s3[0].eq(s2[0]), s3[1].eq(s2[1]), s3[2].eq(index_of(s2[2].stag))]
 
         # Stage 2: identity checks, the ends of both ranges, the offset in the region.
         req2 = s2[2]
-        found = (is_zero(req2.stag[8 + self.index_bits:]) & e2.present
+        found = (is_zero(req2.stag[8 + index_bits:]) & e2.present
                  & (e2.key == req2.stag[:8]))
         end = Signal(65)            # to + length
         region_end = Signal(65)     # iova + length of the region
         below = Signal()            # to < iova
         offset = Signal(64)         # to - iova
-        found3, valid3, pd_ok3, rights3 = Signal(), Signal(), Signal(), Signal()
+        host_addr3 = Signal(64)
+        found3, valid3, pd_ok3, rights3, invalidatable3 = (
+            Signal(name=f"{k}3") for k in ("found", "valid", "pd_ok", "rights", "invalidatable"))
         with m.If(advance):
             m.d.sync += [
                 end.eq(wrap_add(m, widened(m, req2.to, 65, "to_wide"), req2.length, 65, "end_sum")),
@@ -182,24 +191,26 @@ class StagTable(wiring.Component):
                 offset.eq(wrap_sub(m, req2.to, e2.iova, 64, "offset_sum")),
                 found3.eq(found), valid3.eq(e2.valid), pd_ok3.eq(e2.pd == req2.pd),
                 rights3.eq(is_zero(req2.access.as_value() & ~e2.access.as_value())),
+                invalidatable3.eq(e2.invalidatable), host_addr3.eq(e2.host_addr),
             ]
 
         # Stage 3: wrap, bounds, the address, registered.
-        e4 = Signal(entry)
-        found4, valid4, pd_ok4, rights4, below4 = (Signal(name=f"{k}4") for k in
-                                                   ("found", "valid", "pd_ok", "rights", "below"))
+        found4, valid4, pd_ok4, rights4, below4, invalidatable4 = (
+            Signal(name=f"{k}4") for k in ("found", "valid", "pd_ok", "rights", "below",
+                                           "invalidatable"))
         wraps4, beyond4, addr4 = Signal(), Signal(), Signal(64)
         with m.If(advance):
             m.d.sync += [
-                s4[0].eq(s3[0]), s4[1].eq(s3[1]), s4[2].eq(s3[2]), e4.eq(e3),
+                s4[0].eq(s3[0]), s4[1].eq(s3[1]), s4[2].eq(s3[2]),
                 found4.eq(found3), valid4.eq(valid3), pd_ok4.eq(pd_ok3), rights4.eq(rights3),
+                invalidatable4.eq(invalidatable3),
                 below4.eq(below), wraps4.eq(end[64] & ~is_zero(end[:64])),
                 beyond4.eq(end > region_end),
-                addr4.eq(wrap_add(m, e3.host_addr, offset, 64, "addr_sum")),
+                addr4.eq(wrap_add(m, host_addr3, offset, 64, "addr_sum")),
             ]
 
         # Stage 4: the first failing check.
-        req4, inv4 = s4[2], s4[1]
+        inv4 = s4[1]
         fault = Signal(Fault)
         with m.If(~found4):
             m.d.comb += fault.eq(Fault.INVALID_STAG)
@@ -208,7 +219,7 @@ class StagTable(wiring.Component):
         with m.Elif(~pd_ok4):
             m.d.comb += fault.eq(Fault.NOT_ASSOCIATED)
         with m.Elif(inv4):
-            with m.If(~e4.invalidatable):
+            with m.If(~invalidatable4):
                 m.d.comb += fault.eq(Fault.ACCESS_RIGHTS)
         with m.Elif(wraps4):
             m.d.comb += fault.eq(Fault.TO_WRAP)
@@ -229,16 +240,16 @@ class StagTable(wiring.Component):
                 m.d.sync += [self.o_check.valid.eq(1), self.o_check.payload.fault.eq(fault),
                              self.o_check.payload.addr.eq(addr4)]
 
-        # The one write port: an invalidation's entry the cycle after its result, else the
-        # host's.
-        pending_index = Signal(self.index_bits)
-        pending_entry = Signal(entry)
-        m.d.sync += pending.eq(advance & s4[0] & inv4 & is_zero(fault.as_value()))
-        m.d.sync += [pending_index.eq(req4.stag[8:8 + self.index_bits]), pending_entry.eq(e4),
-                     pending_entry.valid.eq(0)]
+        # The one write port: an invalidation's entry (still on the read port) made invalid,
+        # the cycle after its result; else the host's.
+        pending_index = Signal(index_bits)
+        m.d.sync += [pending.eq(advance & s4[0] & inv4 & is_zero(fault.as_value())),
+                     pending_index.eq(s4[2])]
+        invalidated = Signal(entry)
+        m.d.comb += [invalidated.eq(rd.data), invalidated.valid.eq(0)]
         m.d.comb += self.i_write.ready.eq(~busy)
         with m.If(pending):
-            m.d.comb += [wr.addr.eq(pending_index), wr.en.eq(1), wr.data.eq(pending_entry)]
+            m.d.comb += [wr.addr.eq(pending_index), wr.en.eq(1), wr.data.eq(invalidated)]
         with m.Else():
             m.d.comb += [wr.addr.eq(self.i_write.payload.index),
                          wr.data.eq(self.i_write.payload.entry),

@@ -15,11 +15,14 @@ the merge rule). The resolver works for one address at a time and queues nothing
 client keeps the datagram that waits (:class:`.park.ParkedDatagram`, one at a time).
 """
 
+import operator
+from functools import reduce
+
 from amaranth import Cat, Module, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..exact import Machine, add_counts, eq, select
+from ..exact import Machine, add_counts, eq, select, wire
 from ..hdrparse import HeaderEmitter, HeaderParser, HeaderStream
 from ..headers import ARP, ETHERNET
 from ..stream import BeatStream, check_data_bytes
@@ -57,19 +60,25 @@ class ArpEngine(wiring.Component):
         with no padding (the MAC pads to the minimum frame size).
     lookup : In(stream.Signature(32))
         A search of the cache for an IPv4 address, never waiting for the network: the transfer
-        completes in the cycle after it is offered (the search is registered), with
+        completes in the cycle after its address is searched (the search is registered), with
         ``lookup_ok`` (found) and ``lookup_mac`` during that cycle. The payload must be held
         stable.
     resolve : In(stream.Signature(32))
         A request to resolve an IPv4 address. The transfer completes (``ready`` high) when the
         answer is known; during that cycle ``resolve_ok`` holds it. A cache hit completes in the
-        cycle after it is offered. On a miss a request is broadcast, and again every
-        ``timeout`` cycles, ``retries`` times in all, until the address is learned; then the
+        cycle after its address is searched. On a miss a request is broadcast, and again after
+        every ``timeout`` cycles in which its address is searched (every cycle but those the
+        other clients take), ``retries`` times in all, until the address is learned; then the
         transfer completes with ``resolve_ok`` = 0 and ``resolve_fail`` counts it. The payload
         must be held stable.
     mac, ip : In(48), In(32)
         Our addresses (configuration, expected static while traffic flows).
     <counter> : Out(32) for each name of :data:`COUNTERS`, wrapping.
+
+    The cache is searched once a cycle, for one client: an ARP packet's sender in the cycle
+    its header arrives, else a lookup or the resolver, in turn when both wait. So a lookup
+    completes in the cycle after it is offered, or a cycle or two later when it meets the
+    others.
 
     Throughput: an ARP packet takes its beats plus two cycles, whatever the TX side does: the
     receive side never waits for it. A request for us that arrives while the previous reply
@@ -125,17 +134,11 @@ class ArpEngine(wiring.Component):
         macs = [Signal(48, name=f"cache_mac{k}") for k in range(self.entries)]
         victim = Signal(range(self.entries))
         next_victim = select(m, victim, [*range(1, self.entries), 0], len(victim), "next_victim")
-
-        def lookup(ip, name, *, with_mac):
-            """(hit, mac) of ``ip`` in the cache, combinational (mac None unless asked for)."""
-            hit = Signal(name=f"{name}_hit")
-            mac = Signal(48, name=f"{name}_mac") if with_mac else None
-            for k in range(self.entries):
-                with m.If(valid[k] & (ips[k] == ip)):
-                    m.d.comb += hit.eq(1)
-                    if with_mac:
-                        m.d.comb += mac.eq(macs[k])
-            return hit, mac
+        # One search a cycle, shared by the three clients: one bank of comparators rather than
+        # three (each takes about 40 LUT4 per entry). `holding`: the entries that hold the address
+        # searched, at most one (an address is added only where none holds it).
+        query = Signal(32)
+        holding = Cat(valid[k] & (ips[k] == query) for k in range(self.entries))
 
         # --- RX: parse, wait for the end of the packet (err), then act --------------------------
         hdr = parser.o_header
@@ -151,13 +154,14 @@ class ArpEngine(wiring.Component):
             Signal(name=name) for name in ("is_request", "is_reply", "well_formed", "for_us",
                                            "has_sender"))
         learn_match = Signal(self.entries)      # the entries holding the sender's address
+        learning = Signal()                     # the cache may be written this cycle
+        grant_learn = Signal()                  # the sender's address is searched this cycle
         m.d.sync += [
             is_request.eq(eq(f.op, OP_REQUEST)), is_reply.eq(eq(f.op, OP_REPLY)),
             well_formed.eq(eq(f.hw_type, 1) & eq(f.proto_type, 0x0800) & eq(f.hw_len, 6)
                            & eq(f.proto_len, 4) & (eq(f.op, OP_REQUEST) | eq(f.op, OP_REPLY))),
             for_us.eq(f.target_ip == self.ip),
             has_sender.eq(f.sender_ip.any()),
-            learn_match.eq(Cat(valid[k] & (ips[k] == f.sender_ip) for k in range(self.entries))),
         ]
         wants_reply = is_request & for_us
         learn_hit = learn_match.any()
@@ -170,6 +174,7 @@ class ArpEngine(wiring.Component):
         rx = Machine(m, ["IDLE", "DRAIN", "DECIDE"], "rx_state")
         with rx.state("IDLE"):
             with m.If(hdr.valid):
+                m.d.comb += grant_learn.eq(1)
                 m.d.sync += bad_end.eq(0)
                 with m.If(hdr.payload.has_payload):
                     rx.goto("DRAIN")
@@ -180,7 +185,6 @@ class ArpEngine(wiring.Component):
             with m.If(parser.o_payload.valid & parser.o_payload.payload.last):
                 m.d.sync += bad_end.eq(parser.o_payload.payload.err)
                 rx.goto("DECIDE")
-        learning = Signal()                     # the cache may be written this cycle
         with rx.state("DECIDE"):
             drop = bad_end | ~well_formed
             m.d.comb += hdr.ready.eq(1)
@@ -211,27 +215,42 @@ class ArpEngine(wiring.Component):
                              reply_ip.eq(f.sender_ip)]
 
         # --- lookup and resolver --------------------------------------------------------------
-        # Each search of an offered address is registered; it stands (`*_searched`) if the same
-        # address was offered in the previous cycle (payloads are held) and the cache was not
-        # written then.
-        def search(port, name, *, with_mac=False):
-            hit, mac = lookup(port.payload, name, with_mac=with_mac)
-            found = Signal(name=f"{name}_found")
-            searched = Signal(name=f"{name}_searched")
-            m.d.sync += [found.eq(hit),
-                         searched.eq(port.valid & ~port.ready & ~learning)]
-            return found, searched, mac
-
-        look_hit, look_searched, look_mac = search(self.lookup, "lookup", with_mac=True)
-        m.d.sync += self.lookup_mac.eq(look_mac)
+        # The search's clients, first first: the sender of an ARP packet whose header has just
+        # arrived (RX's IDLE; its DECIDE comes a cycle or more later, and only DECIDE writes the
+        # cache), then a lookup and the resolver, in turn when both wait. A search's result is
+        # registered (which entries hold the address); it stands (`*_searched`) in the next
+        # cycle if the client still waits then (payloads are held) and the cache was not
+        # written meanwhile. The MAC is read from the registered match.
+        want_lookup = wire(m, self.lookup.valid & ~self.lookup.ready, "want_lookup")
+        want_resolve = wire(m, self.resolve.valid & ~self.resolve.ready, "want_resolve")
+        resolve_turn = Signal()                 # the resolver lost the last contest
+        grant_resolve = wire(m, ~grant_learn & want_resolve & (~want_lookup | resolve_turn),
+                             "grant_resolve")
+        grant_lookup = wire(m, ~grant_learn & want_lookup & ~grant_resolve, "grant_lookup")
+        m.d.sync += resolve_turn.eq(want_resolve & ~grant_resolve)
+        with m.If(grant_learn):
+            m.d.comb += query.eq(f.sender_ip)
+        with m.Elif(grant_resolve):
+            m.d.comb += query.eq(self.resolve.payload)
+        with m.Else():
+            m.d.comb += query.eq(self.lookup.payload)
+        match = Signal(self.entries)
+        look_searched = Signal()
+        searched = Signal()                     # the resolver's
+        with m.If(grant_learn):
+            m.d.sync += learn_match.eq(holding)
+        m.d.sync += [match.eq(holding), look_searched.eq(grant_lookup & ~learning),
+                     searched.eq(grant_resolve & ~learning)]
         m.d.comb += [self.lookup.ready.eq(self.lookup.valid & look_searched),
-                     self.lookup_ok.eq(look_hit)]
+                     self.lookup_ok.eq(match.any()),
+                     self.lookup_mac.eq(reduce(operator.or_, (
+                         macs[k] & match[k].replicate(48) for k in range(self.entries))))]
+        res_hit = match.any()
 
         req_pending = Signal()
         req_ip = Signal(32)
         tries = Signal(range(self.retries + 1))
         timer = Signal(range(self.timeout + 1))
-        res_hit, searched, _ = search(self.resolve, "resolve")
         resolver = Machine(m, ["IDLE", "WAIT"], "resolver_state")
         with resolver.state("IDLE"):
             with m.If(self.resolve.valid & searched):

@@ -529,26 +529,30 @@ class TcpControl(wiring.Component):
         park_head_end = Signal(32)
         open_len = Signal(32)       # with ``cut_slots``: the open planned segment's bytes
 
-        def derive(tcb, name):
-            """Register the derived values above from the TCB ``tcb``."""
-            scaled = select(m, tcb.snd_ws, [Cat(Const(0, k), tcb.snd_wnd, Const(0, 16 - k))
-                                            for k in range(15)], 32, f"wnd_scaled_{name}")
-            behind = _before(tcb.rcv_adv, tcb.rcv_nxt)
-            waiting, flying = _before(tcb.snd_nxt, tcb.snd_ready), tcb.snd_una != tcb.snd_max
+        # One set of the arithmetic serves both: its TCB is the block RAM's output in LOADED
+        # and `t` in FIX (`derive_fixed`), and the values are registered in those two states
+        # (`deriving`).
+        deriving, derive_fixed = Signal(), Signal()
+        src = Signal(tcb_shape, name="derive_src")
+        m.d.comb += src.eq(Mux(derive_fixed, t, tcb_rd.data))
+        scaled = select(m, src.snd_ws, [Cat(Const(0, k), src.snd_wnd, Const(0, 16 - k))
+                                        for k in range(15)], 32, "wnd_scaled")
+        adv_behind = _before(src.rcv_adv, src.rcv_nxt)
+        waiting, flying = _before(src.snd_nxt, src.snd_ready), src.snd_una != src.snd_max
+        with m.If(deriving):
             if self.ack_with_data:
-                m.d.sync += writing.eq(tcb.snd_ready != tcb.snd_end)
+                m.d.sync += writing.eq(src.snd_ready != src.snd_end)
             m.d.sync += [
-                wnd_left.eq(wrap_sub(m, tcb.snd_una, scaled, 32, f"wnd_left_{name}")),
-                wnd_right.eq(wrap_add(m, tcb.snd_una, scaled, 32, f"wnd_right_{name}")),
-                rcv_wnd.eq(Mux(behind, 0, tcb.rcv_adv - tcb.rcv_nxt)),
-                rcv_right.eq(Mux(behind, tcb.rcv_nxt, tcb.rcv_adv)),
+                wnd_left.eq(wrap_sub(m, src.snd_una, scaled, 32, "wnd_left")),
+                wnd_right.eq(wrap_add(m, src.snd_una, scaled, 32, "wnd_right")),
+                rcv_wnd.eq(Mux(adv_behind, 0, src.rcv_adv - src.rcv_nxt)),
+                rcv_right.eq(Mux(adv_behind, src.rcv_nxt, src.rcv_adv)),
                 data_waiting.eq(waiting),
                 in_flight.eq(flying),
-                una_at_nxt.eq(tcb.snd_nxt == tcb.snd_una),
-                fin_due.eq(tcb.fin_pending & (tcb.snd_nxt == tcb.snd_end)
-                           & (tcb.snd_ready == tcb.snd_end)),
+                una_at_nxt.eq(src.snd_nxt == src.snd_una),
+                fin_due.eq(src.fin_pending & (src.snd_nxt == src.snd_end)
+                           & (src.snd_ready == src.snd_end)),
             ]
-            return waiting, flying
 
         synced = _in(t.state, State.SYN_RCVD, State.ESTABLISHED, State.FIN_WAIT_1,
                      State.FIN_WAIT_2, State.CLOSE_WAIT, State.CLOSING, State.LAST_ACK,
@@ -785,7 +789,7 @@ class TcpControl(wiring.Component):
             m.d.comb += [tcb_rd.addr.eq(conn), stats_rd.addr.eq(conn)]
             m.d.sync += [t.eq(tcb_rd.data), st.eq(stats_rd.data)]
             loaded = tcb_rd.data
-            derive(loaded, "loaded")
+            m.d.comb += deriving.eq(1)
             command(loaded)
             field = Mux(loaded.ws_on, scaled_field, win_unscaled)
             m.d.sync += [
@@ -1468,7 +1472,7 @@ class TcpControl(wiring.Component):
         timer_off = Signal()        # nothing needs the retransmission timer: disarm it
         timer_arm = Signal()        # something needs it and it is not armed: arm it
         with fsm.state("FIX"):
-            waiting, flying = derive(t, "fixed")
+            m.d.comb += [deriving.eq(1), derive_fixed.eq(1)]
             stuck = sending & ~flying & shut & waiting      # `persist`, of `t`
             needed = opening | (synced & flying) | stuck | _in(t.state, State.TIME_WAIT)
             m.d.sync += [timer_off.eq(~needed), timer_arm.eq(needed & ~t.rto_armed)]
