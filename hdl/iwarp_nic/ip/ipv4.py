@@ -284,10 +284,10 @@ class Ipv4Tx(wiring.Component):
     set, offset 0, TTL 64. Latency: from a request offered to an idle block with a cache hit to
     its Ethernet and IPv4 headers offered, four cycles (the cache search is registered, and the
     header checksum is summed over two register stages meanwhile; one or two more when the
-    search meets the ARP engine's other clients). Throughput: one beat per
-    cycle within a datagram; the five cycles per datagram of request, lookup and headers
-    overlap the emitter's output of the previous datagram, so about one cycle per datagram
-    shows at the output. No datagram waits for the network: a miss is parked or discarded at
+    search meets the ARP engine's other clients). Throughput: one beat per cycle within a
+    datagram; the five cycles per datagram of request, lookup and headers overlap the
+    emitter's output of the previous datagram, so about one cycle per datagram shows at the
+    output. No datagram waits for the network: a miss is parked or discarded at
     the payload's pace, and the datagrams behind it go on. Datagrams to one destination leave
     in request order, except that a parked one may follow some sent after its address was
     learned.
