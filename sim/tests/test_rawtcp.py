@@ -583,6 +583,21 @@ def test_link_is_deterministic_and_reorders():
     assert firsts != sorted(firsts)
 
 
+def test_link_counts_the_lost_segments_that_take_sequence_numbers():
+    """``lost_sequenced`` counts the lost frames whose sender must send them again (a SYN, a
+    FIN, payload), not bare acknowledgements or other protocols; scapy builds the frames."""
+    clock = VirtualClock()
+    link = Link(lambda frame: None, clock=clock, rng=random.Random(0), loss=1.0)
+    ip = Ether(src=Pipe.MAC_A, dst=Pipe.MAC_B) / IP(src=Pipe.IP_A, dst=Pipe.IP_B)
+    frames = [ip / TCP(flags="S"), ip / TCP(flags="A"), ip / TCP(flags="PA") / Raw(b"data"),
+              ip / TCP(flags="A") / Raw(b"x"), ip / TCP(flags="FA"), ip / TCP(flags="RA"),
+              Ether(src=Pipe.MAC_A, dst=Pipe.MAC_B) / ARP(psrc=Pipe.IP_A, pdst=Pipe.IP_B)]
+    for frame in frames:
+        link.send(raw(frame))
+    assert link.counters["lost"] == 7
+    assert link.counters["lost_sequenced"] == 4
+
+
 # ---- Linux's TCP through a TAP device in a network namespace
 
 TUNSETIFF, IFF_TAP, IFF_NO_PI = 0x400454CA, 0x0002, 0x1000

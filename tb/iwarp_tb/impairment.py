@@ -1,13 +1,13 @@
 """What the impairment suites share (``tb/nic/test_nic_impair.py``, the NIC against the model
-and against another NIC; ``tb/siw/test_siw_impair.py``, the NIC against Linux siw): the
-NicCore they run, and the check that a case's impairments really happened on every way of the
-wire and that each NIC saw them.
+and against another NIC; the impaired cases of ``tb/siw/test_nic_vs_siw.py``, the NIC against
+Linux siw): the NicCore they run, and the check that a case's impairments really happened on
+every way of the wire and that each NIC saw them.
 
 The wire is :class:`~iwarp_model.transport.impair.Link`, one per way, which counts what it
 did. A NIC shows what it saw in its counters (:meth:`iwarp_tb.driver.NicDevice.counters`):
-retransmissions after losses (RFC 6298, RFC 5681), checksum drops after corruption (RFC 791,
-RFC 9293 section 3.1: a flipped bit makes the frame a loss), more segments taken than were
-sent after cutting.
+retransmissions after losses of its segments (RFC 6298, RFC 5681), checksum drops after
+corruption (RFC 791, RFC 9293 section 3.1: a flipped bit makes the frame a loss), more
+segments taken than were sent after cutting.
 """
 
 from .tcprig import CLOCK_HZ, NicTimers
@@ -34,9 +34,11 @@ CHECKSUM_DROPS = ("ip_rx_bad_checksum", "tcp_rx_front_bad_checksum", "ip_icmp_ba
 
 
 def check_seen(impair, links, nics):
-    """Each of ``impair``'s impairments (Link arguments) happened on every one of ``links``
-    (way name: Link), a split of every segment cut at every offset of :data:`SPLIT_COVERS`;
-    and each NIC of ``nics`` (the name of the way into it: its counters) saw them."""
+    """Each of ``impair``'s impairments (Link arguments) happened on both ``links`` (way name:
+    Link), a split of every segment cut at every offset of :data:`SPLIT_COVERS`; and each NIC
+    of ``nics`` (the name of the way into it: its counters) saw them. A NIC sees a loss by
+    retransmitting: only when a segment of its own that took sequence numbers was lost (the
+    other way's ``lost_sequenced``); a lost bare acknowledgement needs nothing sent again."""
     for way, link in links.items():
         for impairment in impair:
             assert link.counters[COUNTED[impairment]] > 0, f"{way}: no {impairment}"
@@ -44,8 +46,11 @@ def check_seen(impair, links, nics):
             missed = sorted(SPLIT_COVERS - link.split_offsets)
             assert not missed, f"{way}: not cut at offsets {missed}"
     for way, nic in nics.items():
-        if "loss" in impair:
-            assert nic["tcp_retransmits"] + nic["tcp_fast_retransmits"] > 0, way
+        (way_out,) = set(links) - {way}
+        if "loss" in impair and links[way_out].counters["lost_sequenced"]:
+            assert nic["tcp_retransmits"] + nic["tcp_fast_retransmits"] > 0, \
+                f"{way_out}: {links[way_out].counters['lost_sequenced']} segments lost, " \
+                "none retransmitted"
         if "corrupt" in impair:
             assert sum(nic[name] for name in CHECKSUM_DROPS) > 0, way
         if "split" in impair or "resegment" in impair:

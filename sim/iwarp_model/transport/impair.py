@@ -29,6 +29,7 @@ from ..wire.net import (
     FIN,
     PROTO_TCP,
     PSH,
+    SYN,
     EthernetFrame,
     IPv4Packet,
     TcpSegment,
@@ -73,7 +74,10 @@ class Link:
     TCP segment carrying more is cut by :func:`resegment` instead. Each piece is then
     impaired on its own. Probabilities and the delays are attributes and may be changed
     between frames. ``on_frame(time, frame)``, if given, sees each frame as sent, before any
-    impairment. ``counters`` counts what happened.
+    impairment. ``counters`` counts what happened: ``sent``, ``delivered``, ``lost`` (and
+    ``lost_sequenced``, those of them that took TCP sequence numbers, which their sender had
+    to retransmit), ``duplicated``, ``corrupted``, ``reordered``, ``split``,
+    ``resegmented``.
     """
 
     def __init__(self, deliver, *, clock, rng: random.Random, delay: float = 0.0,
@@ -130,6 +134,7 @@ class Link:
     def _impair(self, frame: bytes, now: float) -> None:
         if self.rng.random() < self.loss:
             self.counters["lost"] += 1
+            self.counters["lost_sequenced"] += _takes_sequence_numbers(frame)
             return
         copies = 1
         if self.rng.random() < self.duplicate:
@@ -181,6 +186,29 @@ class Link:
             self.deliver(frame)
 
 
+def _tcp_layers(frame: bytes):
+    """``frame``'s Ethernet frame, IPv4 packet and TCP segment, or None for any other frame
+    and for one that does not decode (a corrupted one)."""
+    try:
+        eth = EthernetFrame.decode(frame)
+        if eth.ethertype != ETHERTYPE_IPV4:
+            return None
+        ip = IPv4Packet.decode(eth.payload)
+        if ip.proto != PROTO_TCP or ip.is_fragment:
+            return None
+        return eth, ip, TcpSegment.decode(ip.payload, ip.src, ip.dst)
+    except WireError:
+        return None
+
+
+def _takes_sequence_numbers(frame: bytes) -> bool:
+    """Whether ``frame`` is a TCP segment that takes sequence numbers (payload, SYN or FIN:
+    RFC 9293 section 3.4), which its sender must retransmit if it is lost; a bare
+    acknowledgement is not."""
+    layers = _tcp_layers(frame)
+    return layers is not None and (bool(layers[2].payload) or bool(layers[2].flags & (SYN | FIN)))
+
+
 def resegment(frame: bytes, most: int) -> list[bytes]:
     """``frame`` as frames whose TCP segments carry at most ``most`` octets each (see
     :func:`cut`)."""
@@ -194,16 +222,10 @@ def cut(frame: bytes, offsets) -> list[bytes]:
     made anew, FIN and PSH on the last piece only. Any other frame, a segment with fewer than
     two octets, and one that does not decode (a corrupted one), is returned alone and
     unchanged."""
-    try:
-        eth = EthernetFrame.decode(frame)
-        if eth.ethertype != ETHERTYPE_IPV4:
-            return [frame]
-        ip = IPv4Packet.decode(eth.payload)
-        if ip.proto != PROTO_TCP or ip.is_fragment:
-            return [frame]
-        seg = TcpSegment.decode(ip.payload, ip.src, ip.dst)
-    except WireError:
+    layers = _tcp_layers(frame)
+    if layers is None:
         return [frame]
+    eth, ip, seg = layers
     inner = list(offsets(len(seg.payload))) if len(seg.payload) > 1 else []
     if not inner:
         return [frame]
