@@ -123,22 +123,26 @@ class Top(Elaboratable):
                      server.isn_key.eq(self.isn_key), server.hash_key.eq(self.hash_key)]
 
         # LEDs.
-        # (MAC and RGMII counters in `mac`, the TCP and echo ones in `sync`.)
+        # (The RGMII adapter's counters in `mac`; the node's (its MAC's counted again in
+        # `sync`), the TCP and echo ones in `sync`, at half the rate.)
         rx_overflow_bit = Signal()
         m.submodules.rx_overflow_sync = FFSynchronizer(rgmii.rx_overflows[0], rx_overflow_bit,
                                                        o_domain="mac")
-        line_errors = [server.rx_bad_fcs, server.rx_phy_errors, server.rx_runts, server.rx_oversize,
-                       server.rx_overflows, server.rx_crossing_overflows, server.tx_underruns,
-                       rgmii.rx_underruns, rx_overflow_bit]
-        activity = stretched(m, _changed(m, server.rx_frames_ok, "rx_ok", "mac")
-                            | _changed(m, server.tx_frames, "tx", "mac"), _ACTIVITY_CYCLES,
-                            "activity", "mac")
+        mac_errors = [server.rx_bad_fcs, server.rx_phy_errors, server.rx_runts, server.rx_oversize,
+                      server.rx_overflows, server.rx_crossing_overflows, server.tx_underruns]
+        rgmii_errors = [rgmii.rx_underruns, rx_overflow_bit]
+        activity = stretched(m, _changed(m, server.rx_frames_ok, "rx_ok")
+                            | _changed(m, server.tx_frames, "tx"), _ACTIVITY_CYCLES >> 1,
+                            "activity")
         echoing = stretched(m, _changed(m, server.accepted, "accepted")
                            | _changed(m, server.echoed_bytes, "echoed"), _ACTIVITY_CYCLES,
                            "echoing")
-        line_error = stretched(m, Cat(_changed(m, counter, f"line_error{k}", "mac")
-                                     for k, counter in enumerate(line_errors)).any(),
-                              _ERROR_CYCLES, "line_error", "mac")
+        line_error = (stretched(m, Cat(_changed(m, counter, f"mac_error{k}")
+                                       for k, counter in enumerate(mac_errors)).any(),
+                                _ERROR_CYCLES >> 1, "mac_error")
+                      | stretched(m, Cat(_changed(m, counter, f"rgmii_error{k}", "mac")
+                                         for k, counter in enumerate(rgmii_errors)).any(),
+                                  _ERROR_CYCLES, "rgmii_error", "mac"))
         tcp_error = stretched(m, _changed(m, server.tcp_timeouts, "timeouts")
                              | _changed(m, server.tcp_resets, "resets"), _ERROR_CYCLES,
                              "tcp_error")

@@ -25,8 +25,10 @@ from amaranth.lib import wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
+from .eth import RX_COUNTERS as MAC_RX_COUNTERS
+from .eth import TX_COUNTERS as MAC_TX_COUNTERS
 from .eth import GmiiMac, XgmiiMac
-from .eth.cdc import MacRxCrossing, MacTxCrossing
+from .eth.cdc import CountCrossing, MacRxCrossing, MacTxCrossing, count_bits
 from .fifo import PacketFifo
 from .ip import IpStack
 from .ip.stack import COUNTERS
@@ -89,13 +91,17 @@ class MacIp:
     :class:`~iwarp_nic.width.BeatDownsizer` after the TX one, both in ``mac``:
 
     * RX: the crossing never stalls the MAC; a frame that finds it full is cut and counted in
-      ``rx_crossing_overflows`` (an extra member, in the ``mac`` domain). The core must take
+      ``rx_crossing_overflows`` (an extra member). The core must take
       the line's bytes at the line's rate on average: ``data_bytes`` times its clock at least
       ``mac_bytes`` times the MAC's (62.5 MHz at two bytes for GMII's 125 MHz at one).
     * TX: a frame crosses whole before the MAC starts it, as from the FIFO; a frame the stack
       aborts is sent with its FCS inverted (:class:`~iwarp_nic.eth.TxFramer`), so receivers
       drop it, instead of being dropped here.
-    * The MAC's pins and counters are in the ``mac`` domain, the stack's counters in ``sync``.
+    * The MAC's pins are in the ``mac`` domain. Its counters, and ``rx_crossing_overflows``,
+      are counted again in ``sync``, each through a :class:`~iwarp_nic.eth.cdc.CountCrossing`
+      (a few Gray-coded bits of the MAC's count, :func:`~iwarp_nic.eth.cdc.count_bits` of the
+      clock ratio that ``data_bytes / mac_bytes`` allows), so the host reads every counter in
+      ``sync``, whole, two or three cycles behind the MAC's.
 
     Contracts are otherwise those of the MAC (:class:`~iwarp_nic.eth.MacComponent`) and the
     stack; the FIFOs add a cycle or two of latency (the crossings two or three cycles of the
@@ -123,6 +129,9 @@ class MacIp:
                      if name not in ("i", "o")}
         # The RX crossing's own counter, driven by _wire_crossing.
         crossing_ports = {"rx_crossing_overflows": Out(32)} if self.crossing else {}
+        # Counters the MAC's domain keeps and `sync` reads (each through a CountCrossing).
+        self._crossed = ((*MAC_RX_COUNTERS, *MAC_TX_COUNTERS, *crossing_ports)
+                         if self.crossing else ())
         stack_ports = {name: self.stack.signature.members[name]
                        for name in ("mac", "ip", *COUNTERS)}
         clash = set(mac_ports | crossing_ports) & set(stack_ports)
@@ -145,8 +154,9 @@ class MacIp:
             self._wire_fifos(m, tx_skid)
         for block, ports in ((mac, self._mac_ports), (stack, self._stack_ports)):
             for name, member in ports.items():
-                outer, inner = getattr(node, name), getattr(block, name)
-                m.d.comb += inner.eq(outer) if member.flow == In else outer.eq(inner)
+                if name not in self._crossed:
+                    outer, inner = getattr(node, name), getattr(block, name)
+                    m.d.comb += inner.eq(outer) if member.flow == In else outer.eq(inner)
 
     def _wire_crossing(self, m, node, tx_skid):
         mac, stack = self.mac, self.stack
@@ -171,7 +181,12 @@ class MacIp:
             SkidBuffer(BeatLayout(self.mac_bytes, err=True)))
         wiring.connect(m, down.o, tx_line_skid.i)
         wiring.connect(m, tx_line_skid.o, mac.i)
-        m.d.comb += node.rx_crossing_overflows.eq(rx.overflows)
+        bits = count_bits(self.data_bytes // self.mac_bytes)
+        for name in self._crossed:
+            counted = rx.overflows if name == "rx_crossing_overflows" else getattr(mac, name)
+            crossing = CountCrossing(bits)
+            m.submodules[f"{name}_crossing"] = crossing
+            m.d.comb += [crossing.i.eq(counted[:bits]), getattr(node, name).eq(crossing.o)]
 
     def _wire_fifos(self, m, tx_skid):
         mac, stack = self.mac, self.stack

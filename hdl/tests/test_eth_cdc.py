@@ -1,6 +1,7 @@
 # amaranth: UnusedElaboratable=no
 """MacRxCrossing and MacTxCrossing with two clocks of different frequencies (125 vs 100 MHz,
-156.25 vs 200 MHz), widths 1 and 8, random frames, idle and stall, against the sent frames.
+156.25 vs 200 MHz), widths 1 and 8, random frames, idle and stall, against the sent frames;
+CountCrossing against the events counted where they happened.
 
 RX: never stalls the MAC; without overflow every frame arrives exact; with a small FIFO and a
 slow core, every frame arrives exact, cut short with an err end beat, or not at all, in order,
@@ -8,13 +9,14 @@ and ``overflows`` counts exactly the frames that did not arrive exact. TX: every
 exact, none starts before its last beat went in, and none has a gap once started (the framer's
 underrun rule)."""
 
+import math
 import random
 
 import pytest
 from amaranth import ClockDomain, Module
 from amaranth.sim import Simulator
 
-from iwarp_nic.eth.cdc import MacRxCrossing, MacTxCrossing
+from iwarp_nic.eth.cdc import CountCrossing, MacRxCrossing, MacTxCrossing, count_bits
 from iwarp_tb.beats import Beat, Packet, from_beats, to_beats
 from iwarp_tb.streams import AmaranthBus, StreamPort, send, send_packets
 
@@ -215,3 +217,61 @@ def test_parameters():
         MacRxCrossing(8, 1)
     with pytest.raises(ValueError):
         MacTxCrossing(8, 64, mac_domain="sync")
+
+
+#: (source clock, destination clock) periods: the MAC four times as fast as a 4-byte core
+#: (the boards' arrangement), a source slower than its destination, and 3.3 times as fast.
+COUNT_CLOCKS = {"125/31.25": (8e-9, 32e-9), "100/125": (10e-9, 8e-9),
+                "156.25/47": (6.4e-9, 21.3e-9)}
+
+
+@pytest.mark.parametrize("clocks", COUNT_CLOCKS)
+def test_count_crossing(clocks):
+    """A source counter stepping by 0, 1 or 2 a cycle (in bursts 1.5 a cycle on average, as
+    far ahead of the crossing's follower as its bits allow), an 8-bit count on the other side,
+    so that it wraps: on every destination cycle the count never runs ahead of the events,
+    never falls back, and advances no more than the clock ratio allows; it ends equal to
+    them."""
+    source, destination = COUNT_CLOCKS[clocks]
+    ratio = destination / source
+    dut = CountCrossing(count_bits(ratio), width=8)
+    rng = random.Random(clocks)
+    state = {"events": 0, "done": False}
+    total = 700
+
+    async def events(ctx):
+        shown = 0               # where the crossing's follower is: a step a cycle towards i
+        while state["events"] < total:
+            burst = rng.random() < 0.1
+            for _ in range(rng.randint(1, 12) if burst else 1):
+                step = rng.choice((1, 2)) if burst else int(rng.random() < 0.3)
+                if state["events"] + step - shown < 1 << dut.bits:     # the contract's lead
+                    state["events"] = min(total, state["events"] + step)
+                ctx.set(dut.i, state["events"] % (1 << dut.bits))
+                await ctx.tick("mac")
+                shown += shown < state["events"]
+        await ctx.tick("mac").repeat(100)
+        state["done"] = True
+
+    async def reader(ctx):
+        before, counted = 0, 0
+        while not state["done"]:
+            *_, got = await ctx.tick("sync").sample(dut.o)
+            advance = (got - before) % 256
+            assert advance <= math.ceil(ratio) + 1, (before, got)
+            counted += advance
+            assert counted <= state["events"], (counted, state["events"])
+            before = got
+        assert counted == total and before == total % 256
+
+    simulate(dut, (source, destination), events, reader)
+
+
+def test_count_crossing_parameters():
+    assert [count_bits(r) for r in (0.5, 1, 4, 64)] == [3, 3, 4, 8]
+    with pytest.raises(ValueError, match="bits must be"):
+        CountCrossing(1)
+    with pytest.raises(ValueError, match="must differ"):
+        CountCrossing(4, from_domain="sync")
+    with pytest.raises(ValueError, match="ratio"):
+        count_bits(0)

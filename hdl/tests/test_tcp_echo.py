@@ -366,12 +366,13 @@ class GmiiPeer:
     def __init__(self, dut, domain="sync"):
         self.dut, self.to_node, self.from_node, self.done = dut, [], [], False
         self.domain = domain    # the MAC's clock domain: the pins change on its edges
+        self.sent = self.received = 0       # whole frames each way, for the MAC's counters
 
     async def drive(self, ctx):
         dut = self.dut
         while not self.done:
             if self.to_node:
-                frame = bytes(self.to_node.pop(0))
+                frame = bytes(self.to_node[0])
                 frame += bytes(max(0, 60 - len(frame)))
                 for byte in PREAMBLE + frame + fcs(frame):
                     ctx.set(dut.gmii_rxd, byte)
@@ -379,6 +380,8 @@ class GmiiPeer:
                     await ctx.tick(self.domain)
                 ctx.set(dut.gmii_rx_dv, 0)
                 await ctx.tick(self.domain).repeat(12)
+                self.to_node.pop(0)
+                self.sent += 1
             else:
                 await ctx.tick(self.domain)
 
@@ -391,6 +394,7 @@ class GmiiPeer:
                 current = (current or bytearray()) + bytes([txd])
             elif current is not None:
                 assert current[:8] == PREAMBLE and current[-4:] == fcs(current[8:-4])
+                self.received += 1
                 packet = Ether(bytes(current[8:-4]))
                 if ARP in packet and packet[ARP].op == 1 and packet[ARP].pdst == PEER_IP:
                     self.send(ARP(op=2, hwsrc=PEER_MAC, psrc=PEER_IP, hwdst=packet[ARP].hwsrc,
@@ -417,9 +421,9 @@ class GmiiPeer:
 def test_echo_node(data_bytes, mac_bytes):
     """ARP, ping and two echo sessions, one after the other, on a one-slot server: the data of
     three segments comes back in order, the server closes after the client's FIN, and its slot
-    listens again for the second session. Also with the core at two bytes and half the clock
-    (62.5 MHz) behind a one-byte GMII MAC at 125 MHz in a domain of its own (the ECPIX-5's
-    arrangement)."""
+    listens again for the second session; the MAC counted every frame each way. Also with the
+    core at two bytes and half the clock (62.5 MHz) behind a one-byte GMII MAC at 125 MHz in a
+    domain of its own (the ECPIX-5's arrangement), its counters read in the core's domain."""
     rng = random.Random("node")
     dut = EchoNode(data_bytes, PORT, mac_bytes=mac_bytes,
                    engine=dict(conns=1, ring_bytes=2048, rx_buffer_bytes=4096))
@@ -477,9 +481,16 @@ def test_echo_node(data_bytes, mac_bytes):
         for sport in (40000, 40001):
             chunks = [rng.randbytes(k) for k in (100, 300, 37)]
             log[sport] = (b"".join(chunks), await session(ctx, sport, chunks))
+        while peer.to_node:
+            await ctx.tick()
         await ctx.tick().repeat(50)
         log["accepted"] = ctx.get(dut.accepted)
         log["echoed_bytes"] = ctx.get(dut.echoed_bytes)
+        # The MAC's counters, read in the core's domain (through CountCrossing with a MAC of
+        # its own): every frame each way, each good.
+        log["frames"] = {name: ctx.get(getattr(dut.node, name))
+                         for name in ("rx_frames_ok", "rx_bad_fcs", "tx_frames")}
+        log["peer"] = {"rx_frames_ok": peer.sent, "rx_bad_fcs": 0, "tx_frames": peer.received}
         peer.done = True
 
     if mac_bytes is None:
@@ -491,3 +502,4 @@ def test_echo_node(data_bytes, mac_bytes):
         sent, echoed = log[sport]
         assert echoed == sent
     assert log["accepted"] == 2 and log["echoed_bytes"] == 2 * 437
+    assert log["frames"] == log["peer"] and log["peer"]["rx_frames_ok"] > 10

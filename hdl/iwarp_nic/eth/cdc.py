@@ -10,18 +10,25 @@ that keeps these rules on the MAC side:
   short and ended with ``err``.
 * :class:`MacTxCrossing`: core to MAC, store and forward: a frame starts only once it is whole
   in the FIFO, so the framer never underruns.
+
+The MAC's event counters cross too, each through a :class:`CountCrossing`: a few bits of the
+count in Gray code, so that the core reads a value the counter really had, never one torn
+between two.
 """
 
-from amaranth import Module, Signal
+import math
+
+from amaranth import Cat, Module, Signal
 from amaranth.lib import wiring
+from amaranth.lib.cdc import FFSynchronizer
 from amaranth.lib.fifo import AsyncFIFO
 from amaranth.lib.wiring import In, Out
 
-from ..exact import add
+from ..exact import add, same, wrap_add, wrap_sub
 from ..stream import BeatLayout, BeatStream, check_data_bytes
 from .fcs import MAX_FRAME
 
-__all__ = ["MacRxCrossing", "MacTxCrossing", "TX_FRAMES"]
+__all__ = ["MacRxCrossing", "MacTxCrossing", "CountCrossing", "count_bits", "TX_FRAMES"]
 
 #: Frames whose end :class:`MacTxCrossing` can have announced to the MAC side at once.
 TX_FRAMES = 4
@@ -216,4 +223,67 @@ class MacTxCrossing(wiring.Component):
             mac += sending.eq(1)
         with m.Else():
             mac += whole.eq(lengths.r_rdy & settled & (level >= lengths.r_data))
+        return m
+
+
+def count_bits(ratio):
+    """The Gray-coded bits a :class:`CountCrossing` needs when its source clock is up to
+    ``ratio`` times as fast as its destination's: between two destination cycles the count
+    steps at most ``ceil(ratio)`` times, once more when a bit changing at the first sample was
+    read as its old value, and that advance must stay below ``2**bits``; one bit is spare."""
+    if not ratio > 0:
+        raise ValueError(f"ratio must be above 0, not {ratio!r}")
+    return (math.ceil(ratio) + 1).bit_length() + 1
+
+
+class CountCrossing(wiring.Component):
+    """An event counter carried from one clock domain into another, read whole.
+
+    Ports
+    -----
+    i : In(bits), ``from_domain``
+        A counter of events in its own domain, wrapping at ``2**bits`` (the low bits of a wider
+        one); it may step by more than one in a cycle.
+    o : Out(width), ``to_domain``
+        The same events counted again in ``to_domain``, ``width`` bits wrapping, 0 at reset.
+
+    How: a ``bits``-bit register in ``from_domain`` follows ``i`` one step a cycle, and a
+    register of its Gray code (one bit changes per step) crosses through two flip-flops
+    (``FFSynchronizer``). In ``to_domain`` the decoded value's advance since the cycle before
+    (modulo ``2**bits``) is added to ``o``. Whatever a changing bit resolves to, the value
+    read is one the follower held, so ``o`` never jumps (a binary count caught mid-carry can
+    read anything).
+
+    Contract: ``i`` runs at most ``2**bits - 1`` steps ahead of the follower (its events come
+    no faster than one a ``from_domain`` cycle on average), and ``from_domain`` is at most
+    ``ratio`` times as fast as ``to_domain`` where ``bits`` is :func:`count_bits` of
+    ``ratio`` or more. Latency: a step of the follower shows on ``o`` two or three
+    ``to_domain`` cycles later (the synchroniser, then the addition).
+    """
+
+    def __init__(self, bits, *, width=32, from_domain="mac", to_domain="sync"):
+        if not isinstance(bits, int) or not 2 <= bits <= width:
+            raise ValueError(f"bits must be an integer from 2 to width ({width}), not {bits!r}")
+        if from_domain == to_domain:
+            raise ValueError(f"from_domain and to_domain must differ, both are {from_domain!r}")
+        self.bits, self.width = bits, width
+        self._from, self._to = from_domain, to_domain
+        super().__init__({"i": In(bits), "o": Out(width)})
+
+    def elaborate(self, platform):
+        m = Module()
+        k = self.bits
+        follower, gray = Signal(k), Signal(k)
+        step = add(follower, 1)
+        with m.If(~same(follower, self.i)):
+            m.d[self._from] += [follower.eq(step), gray.eq(step ^ step[1:])]
+        crossed = Signal(k)
+        m.submodules.sync = FFSynchronizer(gray, crossed, o_domain=self._to, stages=2)
+        # Gray to binary: each bit the parity of the code's bits from it up.
+        value = Signal(k)
+        m.d.comb += value.eq(Cat(crossed[j:].xor() for j in range(k)))
+        seen = Signal(k)
+        advance = wrap_sub(m, value, seen, k, "advance")
+        m.d[self._to] += [seen.eq(value),
+                          self.o.eq(wrap_add(m, self.o, advance, self.width, "counted"))]
         return m
