@@ -29,7 +29,6 @@ from ..wire.net import (
     FIN,
     PROTO_TCP,
     PSH,
-    SYN,
     EthernetFrame,
     IPv4Packet,
     TcpSegment,
@@ -206,7 +205,7 @@ def _takes_sequence_numbers(frame: bytes) -> bool:
     RFC 9293 section 3.4), which its sender must retransmit if it is lost; a bare
     acknowledgement is not."""
     layers = _tcp_layers(frame)
-    return layers is not None and (bool(layers[2].payload) or bool(layers[2].flags & (SYN | FIN)))
+    return layers is not None and layers[2].seg_len > 0
 
 
 def resegment(frame: bytes, most: int) -> list[bytes]:

@@ -370,8 +370,8 @@ class RawStack:
         if seg.flags & ACK:
             rst = TcpSegment(seg.dport, seg.sport, seg.ack, 0, RST, 0)
         else:
-            seg_len = len(seg.payload) + bool(seg.flags & SYN) + bool(seg.flags & FIN)
-            rst = TcpSegment(seg.dport, seg.sport, 0, (seg.seq + seg_len) & _MASK, RST | ACK, 0)
+            rst = TcpSegment(seg.dport, seg.sport, 0, (seg.seq + seg.seg_len) & _MASK,
+                             RST | ACK, 0)
         self.counters["resets_out"] += 1
         self._send_ip(src, PROTO_TCP, rst.encode(self.ip, src))
 
@@ -737,7 +737,7 @@ class TcpConnection:
             self.counters["retransmissions"] += 1
             self._send_syn()  # the peer lost our SYN-ACK
             return
-        seg_len = len(seg.payload) + bool(syn) + bool(fin)
+        seg_len = seg.seg_len
         wnd = self._rcv_window()
         if seg_len == 0:
             ok = seq == self.rcv_nxt if wnd == 0 else self.rcv_nxt <= seq < self.rcv_nxt + wnd
@@ -841,7 +841,7 @@ class TcpConnection:
         window = seg.window << self.snd_wscale
         if ack > self.snd_una:
             self._ack_advance(ack)
-        elif (ack == self.snd_una and not seg.payload and not seg.flags & (SYN | FIN)
+        elif (ack == self.snd_una and seg.seg_len == 0
               and window == self.snd_wnd and self.snd_max > self.snd_una):
             self._duplicate_ack()
         if self._snd_wl1 < seq or (self._snd_wl1 == seq and self._snd_wl2 <= ack):

@@ -313,6 +313,12 @@ class TcpSegment:
         if self.wscale is not None:
             _range(self.wscale, 8, "window scale")
 
+    @property
+    def seg_len(self) -> int:
+        """SEG.LEN (RFC 9293 section 3.4): the sequence numbers the segment takes, its payload
+        octets plus one each for SYN and FIN; 0 for a bare acknowledgement or a RST."""
+        return len(self.payload) + bool(self.flags & SYN) + bool(self.flags & FIN)
+
     def options(self) -> bytes:
         """The encoded options: MSS, then NOP + window scale, then NOP, NOP + SACK-permitted,
         padded with EOL to 4 bytes."""
