@@ -81,7 +81,7 @@ GMII_HZ = 125_000_000
 CORE_HZ = 31_250_000
 CORE_BYTES = 4
 #: What the target serves: two connection slots (the host uses slot 0), two completion
-#: queues, two shared receive queues (the fewest NicCore takes), 16 STags, 32 KiB of RAM.
+#: queues, two shared receive queues, 16 STags, 32 KiB of RAM.
 PLAN = TargetPlan(ram_bytes=32768, conns=2, cqs=2, srqs=2, stag_entries=16)
 #: NicCore's TCP engine, sized for one connection at 1 Gb/s on a LAN: 16 KiB send rings
 #: (a window of 16 KiB covers 131 us at 1 Gb/s), a 32 KiB receive buffer, 4 out-of-order

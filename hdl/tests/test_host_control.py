@@ -156,10 +156,15 @@ def test_frames(n):
     assert got["frames"] == [Packet(o) for _, o in frames]
 
 
-@pytest.mark.parametrize("n", [1, 8])
-def test_doorbells_and_events(n):
-    rng = random.Random(10 + n)
-    dut = HostControl(n, conns=CONNS, cqs=CQS, srqs=SRQS)
+@pytest.mark.parametrize("n, sizes", [(1, (CONNS, CQS, SRQS)), (8, (CONNS, CQS, SRQS)),
+                                      (1, (1, 1, 1))])
+def test_doorbells_and_events(n, sizes):
+    """Doorbells of every kind, and one report of each kind queued as events; also with one
+    connection, one CQ and one SRQ (registers of one element, whose doorbells carry no
+    index)."""
+    rng = random.Random(10 + n + sum(sizes))
+    conns, cqs, srqs = sizes
+    dut = HostControl(n, conns=conns, cqs=cqs, srqs=srqs)
     got = {"sq": [], "rq": [], "cq": [], "events": [], "startup": []}
     sent = []
 
@@ -168,10 +173,10 @@ def test_doorbells_and_events(n):
         bells = []
         for _ in range(16):
             kind = rng.choice(["sq", "rq", "cq", "srq"])
-            index = rng.randrange({"cq": CQS, "srq": SRQS}.get(kind, CONNS))
+            index = rng.randrange({"cq": cqs, "srq": srqs}.get(kind, conns))
             tail = rng.getrandbits(16)
             # A shared receive queue's doorbell comes out with the receive queues', after them.
-            bells.append(("rq", {"conn": CONNS + index, "tail": tail}) if kind == "srq" else
+            bells.append(("rq", {"conn": conns + index, "tail": tail}) if kind == "srq" else
                          (kind, {"conn": index, "tail": tail}))
             await h.write({"sq": "sq_doorbell", "rq": "rq_doorbell", "cq": "cq_head",
                            "srq": "srq_doorbell"}[kind], tail, index)
@@ -204,24 +209,26 @@ def test_doorbells_and_events(n):
     async def reporter(ctx):
         """One report of each kind, one after the other."""
         bus = AmaranthBus(ctx)
-        tcp = {"kind": 4, "conn": 3, "local_port": 7174, "remote_ip": 0xC0000202,
+        c = [k % conns for k in (3, 5, 9, 2)]      # the connections reported on
+        cq = 6 % cqs
+        tcp = {"kind": 4, "conn": c[0], "local_port": 7174, "remote_ip": 0xC0000202,
                "remote_port": 40000}
         await send(bus, StreamPort.amaranth(dut.i_tcp_event), [tcp])
-        sent.append(NicEventKind.TCP | 3 << 4 | 4 << 16 | (0xC0000202 | 40000 << 32
-                                                          | 7174 << 48) << 32)
+        sent.append(NicEventKind.TCP | c[0] << 4 | 4 << 16 | (0xC0000202 | 40000 << 32
+                                                             | 7174 << 48) << 32)
         frame = rng.randbytes(37)
         await send(bus, StreamPort.amaranth(dut.i_startup_header),
-                   [{"conn": 5, "length": 37, "kind": 0}])
+                   [{"conn": c[1], "length": 37, "kind": 0}])
         await send_packets(bus, StreamPort.amaranth(dut.i_startup), [frame], n)
-        sent.append(NicEventKind.STARTUP | 5 << 4 | 37 << 32)
+        sent.append(NicEventKind.STARTUP | c[1] << 4 | 37 << 32)
         got["frame"] = frame
-        await send(bus, StreamPort.amaranth(dut.i_fault), [{"conn": 9, "code": 0x0102}])
-        sent.append(NicEventKind.FAULT | 9 << 4 | 0x0102 << 16)
+        await send(bus, StreamPort.amaranth(dut.i_fault), [{"conn": c[2], "code": 0x0102}])
+        sent.append(NicEventKind.FAULT | c[2] << 4 | 0x0102 << 16)
         await send(bus, StreamPort.amaranth(dut.i_peer_terminate),
-                   [{"conn": 2, "layer": 1, "etype": 2, "ecode": 3}])
-        sent.append(NicEventKind.TERMINATE | 2 << 4 | 0x1203 << 16)
-        await send(bus, StreamPort.amaranth(dut.i_cq_event), [{"cq": 6, "overflow": 1}])
-        sent.append(NicEventKind.CQ | 6 << 4 | 1 << 16)
+                   [{"conn": c[3], "layer": 1, "etype": 2, "ecode": 3}])
+        sent.append(NicEventKind.TERMINATE | c[3] << 4 | 0x1203 << 16)
+        await send(bus, StreamPort.amaranth(dut.i_cq_event), [{"cq": cq, "overflow": 1}])
+        sent.append(NicEventKind.CQ | cq << 4 | 1 << 16)
         for _ in range(5):
             await ctx.tick()
 
@@ -233,6 +240,6 @@ def test_doorbells_and_events(n):
         return bench
 
     run(dut, host, monitors=[bells("sq", dut.o_sq_doorbell), bells("rq", dut.o_rq_doorbell),
-                             bells("cq", dut.o_cq_head)], name=f"host_control_events_w{n}")
+                             bells("cq", dut.o_cq_head)], name=f"host_control_events_w{n}_c{conns}")
     assert got["events"] == sent
     assert got["startup"] == [got["frame"]]

@@ -13,7 +13,7 @@ from ..exact import eq, select, wire
 from .axil import AxiLiteTarget
 from .regmap import PULSE, RO, RW, W1C, WORD_BITS, RegisterMap
 
-__all__ = ["PulseLayout", "RegisterBank"]
+__all__ = ["PulseLayout", "RegisterBank", "pulse_index"]
 
 
 def PulseLayout(register):
@@ -23,6 +23,13 @@ def PulseLayout(register):
     if register.count > 1:
         fields["index"] = range(register.count)
     return StructLayout(fields)
+
+
+def pulse_index(port):
+    """The element a transfer of a ``PULSE`` register's stream ``port`` names: its ``index``,
+    or 0 for a register of one element (its layout has no ``index``)."""
+    payload = port.payload
+    return payload.index if "index" in payload.shape().members else Const(0, 1)
 
 
 def _shape(register):

@@ -22,7 +22,7 @@ from ..roundrobin import merge
 from ..stream import BeatStream, check_data_bytes
 from ..tcp.layouts import ChunkHeader, Command, Event, with_conn
 from ..width import resized
-from .bank import RegisterBank
+from .bank import RegisterBank, pulse_index
 from .completion import CqEvent, QueuePairCqs
 from .nicmap import (
     COUNTERS,
@@ -133,12 +133,12 @@ class HostControl(wiring.Component):
         ]
         for name in ("sq_doorbell", "rq_doorbell", "cq_head"):
             door, out = getattr(bank, name), getattr(self, f"o_{name}")
-            m.d.comb += [out.valid.eq(door.valid), out.payload.conn.eq(door.payload.index),
+            m.d.comb += [out.valid.eq(door.valid), out.payload.conn.eq(pulse_index(door)),
                          out.payload.tail.eq(door.payload.value), door.ready.eq(out.ready)]
         # A shared receive queue's doorbell, on the receive queues' after theirs (one register
         # write at a time: the two are never valid together).
         shared, out = bank.srq_doorbell, self.o_rq_doorbell
-        queue = add(widened(m, shared.payload.index, len(out.payload.conn), "srq_queue"),
+        queue = add(widened(m, pulse_index(shared), len(out.payload.conn), "srq_queue"),
                     self.conns)
         m.d.comb += shared.ready.eq(out.ready)
         with m.If(shared.valid):
