@@ -69,10 +69,12 @@ def _word_write(m, word, command, data, name):
 
 class NicCore(wiring.Component):
     """The NIC, for ``conns`` connections (queue pairs), ``cqs`` completion queues and
-    ``srqs`` shared receive queues. ``tcp`` holds further :class:`~.tcp.engine.TcpEngine`
-    parameters: its timers (RFC 6298's by default, for a clock of 125 MHz), which simulation
-    scales down so that a retransmission timeout is tens of thousands of cycles (78,000 for
-    0.5 ms at 156.25 MHz), not tens of millions.
+    ``srqs`` shared receive queues, each 1 or more (one of each is the generated
+    ``iwarp_nic_core_c1_w8``, run against the model in ``tb/nic/test_nic_model.py``).
+    ``tcp`` holds further :class:`~.tcp.engine.TcpEngine` parameters: its timers (RFC
+    6298's by default, for a clock of 125 MHz), which simulation scales down so that a
+    retransmission timeout is tens of thousands of cycles (78,000 for 0.5 ms at 156.25 MHz),
+    not tens of millions.
 
     Ports
     -----

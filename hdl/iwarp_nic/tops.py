@@ -128,6 +128,9 @@ def tops():
         tops[f"iwarp_ip_node_w{n}"] = lambda n=n: IpNode(n)
         tops[f"iwarp_tcp_node_w{n}"] = lambda n=n: TcpNode(n)
         tops[f"iwarp_nic_core_w{n}"] = lambda n=n: NicCore(n)
+    # NicCore at its fewest: one connection, completion queue and shared receive queue (their
+    # registers and doorbells then carry no index).
+    tops["iwarp_nic_core_c1_w8"] = lambda: NicCore(8, conns=1, cqs=1, srqs=1)
     for n in (8, 64):       # the host side works at the DMA engine's width (64 to 512 bits)
         tops[f"iwarp_dma_w{n}"] = lambda n=n: DmaMaster(n, write_clients=3, read_clients=3)
         tops[f"iwarp_axi_ram_w{n}"] = lambda n=n: AxiRam(n, 65536)

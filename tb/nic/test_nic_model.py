@@ -12,6 +12,8 @@ AXI protocol fault. Host memory answers after random latencies with random stall
   without Solicited Event, Reads, atomics and masked atomics, Write with Immediate Data,
   Immediate Data alone), both ways at once, with the NIC as the MPA Initiator (it connects)
   and as the Responder (it listens). Every frame is captured both ways.
+* The same with NicCore at its fewest: one connection, one completion queue, one shared
+  receive queue (``NicCore(8, conns=1, cqs=1, srqs=1)``), the NIC each role in turn.
 * Writes, Sends and Reads of 0 octets both ways, then of 4 MiB: a Write and a Read by the
   NIC, a Send and a Read by the model.
 """
@@ -74,10 +76,11 @@ def sized(local, remote, ops, length, first_id):
     return wrs, recvs
 
 
-def run(ends, work, *, nic_connects, seed, pcap=None):
-    """:func:`iwarp_tb.model_run.run` at 8 bytes with random host-memory latency and stalls:
-    every check must pass; returns the frames captured."""
-    result = model_run.run(ends, work, nic_connects=nic_connects, seed=seed, pcap=pcap)
+def run(ends, work, *, nic_connects, seed, pcap=None, core=None):
+    """:func:`iwarp_tb.model_run.run` at 8 bytes (NicCore parameters ``core``) with random
+    host-memory latency and stalls: every check must pass; returns the frames captured."""
+    result = model_run.run(ends, work, nic_connects=nic_connects, seed=seed, pcap=pcap,
+                           core=core)
     assert result.errors == []
     return result.captured
 
@@ -96,6 +99,17 @@ def test_every_opcode_with_model(nic_connects, tmp_path, seed=21, count=60):
     assert senders == {"nic", "model"}, senders
     assert [frame for _, frame in read_pcap(pcap)[1]] == [f for _, _, f in captured]
     assert all(len(frame) <= 1514 for _, _, frame in captured)
+
+
+@pytest.mark.cocotb
+@pytest.mark.parametrize("nic_connects", [True, False], ids=["nic-initiator", "nic-responder"])
+def test_one_connection(nic_connects, seed=51, count=20):
+    """``count`` work requests of every kind each way with a NicCore of one connection, one
+    completion queue and one shared receive queue: its register map, doorbells and queue
+    state have no index (a register of one element)."""
+    ends = Ends(End, seed)
+    work = model_run.both_ways(ends, random.Random(seed + 2), count)
+    run(ends, work, nic_connects=nic_connects, seed=seed + 3, core=dict(conns=1, cqs=1, srqs=1))
 
 
 @pytest.mark.cocotb
