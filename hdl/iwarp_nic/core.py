@@ -26,7 +26,7 @@ from .dma import DmaMaster, ReadReserve
 from .engine import ConnectionsEngine
 from .exact import mask
 from .host.completion import CompletionWriter
-from .host.control import HostControl
+from .host.control import COUNTER_BITS, HostControl
 from .host.fence import WriteFence
 from .host.formats import SQ_INLINE_OFFSET
 from .host.nicmap import COUNTERS
@@ -156,7 +156,7 @@ class NicCore(wiring.Component):
         m.d.comb += [self.irq.eq(control.irq), node.mac.eq(control.mac),
                      node.ip.eq(control.ip), node.isn_key.eq(control.isn_key),
                      node.hash_key.eq(control.hash_key), node.stat_conn.eq(0),
-                     *(control.counters[name].eq(getattr(node, port))
+                     *(control.counters[name].eq(getattr(node, port)[:COUNTER_BITS])
                        for name, port in COUNTERS.items())]
 
         # TCP: commands and events; the received chunks straight into the engine.

@@ -12,7 +12,8 @@ the C header.
   Python model of the access kinds written from :mod:`iwarp_nic.host.regmap`'s description:
   random single reads and writes (any address, partial strobes) between random RO input changes
   and W1C events; the RW outputs, the doorbell streams (randomly stalled) and ``irq`` after
-  every step; then writes and reads pipelined at the same time; then the throughput.
+  every step (one map with five RO words read from a memory, the bank's ``stored``); then
+  writes and reads pipelined at the same time; then the throughput.
 * The C header, compiled with ``cc``: a descriptor packed with its macros byte-for-byte equal to
   Amaranth's packing of the same values, and the register offsets equal to the map's.
 """
@@ -258,6 +259,21 @@ def other_map():
     ], addr_width=12)
 
 
+def stored_map():
+    """Five consecutive RO words that the bank reads from a memory (``stored``), between
+    registers of every other kind."""
+    return RegisterMap("stored", [
+        Register("id", 0x00, RO),
+        Register("scratch", 0x04, RW),
+        *(Register(f"count{k}", 0x10 + 4 * k, RO) for k in range(5)),
+        Register("wide", None, RO, width=64),
+        Register("events", 0x40, W1C, width=8),
+    ], addr_width=12)
+
+
+STORED = {"stored": tuple(f"count{k}" for k in range(5))}
+
+
 def _addresses(rng, regmap):
     """A random address: mostly a mapped word (sometimes unaligned), else anywhere."""
     x = rng.random()
@@ -272,15 +288,28 @@ def _data(rng):
 
 def _set_inputs(ctx, dut, model, rng):
     """New random values on every RO input (wide ones often about to carry into the high
-    word)."""
+    word), and in the memory of the ``stored`` ones (:func:`_stored_memory`)."""
     for (name, index) in model.inputs:
         reg = model.map[name]
         value = rng.getrandbits(reg.width)
         if reg.wide and rng.random() < 0.5:
             value = (rng.getrandbits(reg.width - 32) << 32) | M32 - rng.randrange(3)
-        port = getattr(dut, name)
-        ctx.set(port if reg.count == 1 else port[index], value)
+        if name not in STORED.get(model.map.name, ()):
+            port = getattr(dut, name)
+            ctx.set(port if reg.count == 1 else port[index], value)
         model.inputs[(name, index)] = value
+
+
+def _stored_memory(dut, model, rng):
+    """The memory behind the bank's ``stored`` port: the word asked for in a cycle is the
+    model's value in the next; random data in every other cycle."""
+    names = STORED[model.map.name]
+
+    async def memory(ctx):
+        async for _clk, _rst, en, addr in ctx.tick().sample(dut.stored.en, dut.stored.addr):
+            ctx.set(dut.stored.data, model.inputs[(names[addr], 0)] if en else
+                    rng.getrandbits(32))
+    return memory
 
 
 def _check_outputs(ctx, dut, model, pulses):
@@ -293,12 +322,14 @@ def _check_outputs(ctx, dut, model, pulses):
         assert pulses.get(name, []) == expected, name
 
 
-@pytest.mark.parametrize("make_map, seed", [(example_map, 1), (example_map, 2), (other_map, 3)])
+@pytest.mark.parametrize("make_map, seed", [(example_map, 1), (example_map, 2), (other_map, 3),
+                                            (stored_map, 4)])
 def test_bank_random(make_map, seed):
-    """Single reads and writes of every kind, at random, against the model."""
+    """Single reads and writes of every kind, at random, against the model; with
+    :func:`stored_map`, five of its RO words from a memory."""
     rng = random.Random(seed)
     regmap = make_map()
-    dut = RegisterBank(regmap)
+    dut = RegisterBank(regmap, stored=STORED.get(regmap.name, ()))
     model = RegisterModel(regmap)
     pulses = {}
     counts = {"read": 0, "write": 0, "slverr": 0}
@@ -351,9 +382,10 @@ def test_bank_random(make_map, seed):
         hi = await mgr.read(reg.addr(reg.count - 1, 1))
         assert (hi[0] << 32 | lo[0]) == before
 
+    memory = [_stored_memory(dut, model, rng)] if regmap.name in STORED else []
     run(dut, main, name=f"bank_random_{regmap.name}_{seed}",
-        monitors=[collector(pulses, r.name, getattr(dut, r.name), rng=rng, stall=0.5)
-                  for r in regmap if r.access == PULSE])
+        monitors=[*memory, *(collector(pulses, r.name, getattr(dut, r.name), rng=rng, stall=0.5)
+                             for r in regmap if r.access == PULSE)])
     assert counts["read"] > 150 and counts["write"] > 150 and counts["slverr"] > 30
     assert sum(len(v) for v in model.pulses.values()) > 20 or not model.pulses
 
@@ -403,6 +435,16 @@ def test_bank_pipelined():
     assert got["db"] == model.pulses["doorbell"] and pulses["kick"] == model.pulses["kick"]
     assert got["r"] == [model.read(a) for a in reads]
     assert SLVERR in expect_b and OKAY in expect_b
+
+
+def test_bank_stored_words_checked():
+    """Only one-word RO registers that follow each other can be read from a memory."""
+    regmap = stored_map()
+    for name in ("scratch", "wide", "events"):
+        with pytest.raises(ValueError, match="must be an RO register of one word"):
+            RegisterBank(regmap, stored=(name,))
+    with pytest.raises(ValueError, match="consecutive"):
+        RegisterBank(regmap, stored=("count0", "count2"))
 
 
 def test_w1c_event_wins():

@@ -24,7 +24,8 @@ from amaranth.lib.cdc import FFSynchronizer
 from amaranth.lib.fifo import AsyncFIFO
 from amaranth.lib.wiring import In, Out
 
-from ..exact import add, same, wrap_add, wrap_sub
+from ..counters import counted
+from ..exact import add, same
 from ..stream import BeatLayout, BeatStream, check_data_bytes
 from .fcs import MAX_FRAME
 
@@ -250,9 +251,9 @@ class CountCrossing(wiring.Component):
     How: a ``bits``-bit register in ``from_domain`` follows ``i`` one step a cycle, and a
     register of its Gray code (one bit changes per step) crosses through two flip-flops
     (``FFSynchronizer``). In ``to_domain`` the decoded value's advance since the cycle before
-    (modulo ``2**bits``) is added to ``o``. Whatever a changing bit resolves to, the value
-    read is one the follower held, so ``o`` never jumps (a binary count caught mid-carry can
-    read anything).
+    (modulo ``2**bits``) is added to ``o`` (:func:`~iwarp_nic.counters.counted`). Whatever
+    a changing bit resolves to, the value read is one the follower held, so ``o`` never jumps
+    (a binary count caught mid-carry can read anything).
 
     Contract: ``i`` runs at most ``2**bits - 1`` steps ahead of the follower (its events come
     no faster than one a ``from_domain`` cycle on average), and ``from_domain`` is at most
@@ -283,7 +284,5 @@ class CountCrossing(wiring.Component):
         value = Signal(k)
         m.d.comb += value.eq(Cat(crossed[j:].xor() for j in range(k)))
         seen = Signal(k)
-        advance = wrap_sub(m, value, seen, k, "advance")
-        m.d[self._to] += [seen.eq(value),
-                          self.o.eq(wrap_add(m, self.o, advance, self.width, "counted"))]
+        m.d[self._to] += [seen.eq(value), self.o.eq(counted(m, self.o, value, seen, "counted"))]
         return m

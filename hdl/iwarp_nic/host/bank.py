@@ -9,7 +9,8 @@ from amaranth.lib.data import ArrayLayout, StructLayout
 from amaranth.lib.wiring import In, Out
 
 from ..axi import AxiLite
-from ..exact import eq, select, wire
+from ..counters import WordRead
+from ..exact import eq, lt, select, sub, wire
 from .axil import AxiLiteTarget
 from .regmap import PULSE, RO, RW, W1C, WORD_BITS, RegisterMap
 
@@ -51,6 +52,10 @@ class RegisterBank(wiring.Component):
         The host's bus.
     <name> of an RO register : In(width), or In(ArrayLayout(width, count))
         The value reads return (sampled the cycle after the read address is taken).
+    stored : Out(WordRead(len(stored))), if ``stored`` names registers
+        The RO registers named in ``stored`` (one word each, consecutive) are read from a
+        memory instead of an input: a read of the ``k``-th of them (in address order) asks
+        for word ``k`` in the cycle its address is taken and answers the data of the next.
     <name> of an RW register : Out(width), or Out(ArrayLayout(width, count))
         The stored value, from a register; a write shows from the cycle after it is taken.
     <name> of a W1C register : In(width)
@@ -71,19 +76,25 @@ class RegisterBank(wiring.Component):
 
     Concurrency, latency, throughput: reads and writes are served at the same time, one of
     each in flight (a read and a write taken in one cycle do not see each other). A read
-    answers two cycles after its AR transfer is taken; a write's B response is offered two
-    cycles after the later of its AW and W transfers, then one write every two cycles while
-    ``bready`` is high. A write to a PULSE register offers its transfer the cycle after AW and
-    W are taken and holds it (and the B response) until the stream takes it; every other
-    register answers at once.
+    answers two cycles after its AR transfer is taken (three for a ``stored`` word); a
+    write's B response is offered two cycles after the later of its AW and W transfers, then
+    one write every two cycles while ``bready`` is high. A write to a PULSE register offers
+    its transfer the cycle after AW and W are taken and holds it (and the B response) until
+    the stream takes it; every other register answers at once.
     """
 
-    def __init__(self, regmap):
+    def __init__(self, regmap, *, stored=()):
         if not isinstance(regmap, RegisterMap):
             raise TypeError(f"regmap must be a RegisterMap, not {regmap!r}")
         self.regmap = regmap
+        self._stored_offsets = self._stored_words(regmap, stored)
+        self._stored_names = frozenset(stored)
         members = {}
+        if stored:
+            members["stored"] = Out(WordRead(len(stored)))
         for reg in regmap:
+            if reg.name in self._stored_names:
+                continue
             if reg.access == RO or reg.access == W1C:
                 members[reg.name] = In(_shape(reg))
             elif reg.access == RW:
@@ -96,6 +107,22 @@ class RegisterBank(wiring.Component):
         if regmap.has_irq:
             members["irq"] = Out(1)
         super().__init__(members)
+
+    @staticmethod
+    def _stored_words(regmap, names):
+        """The byte offsets of the registers ``names``, each one word of an RO register, in
+        address order; they must follow each other."""
+        offsets = []
+        for name in names:
+            reg = regmap[name]
+            if reg.access != RO or reg.count != 1 or reg.wide:
+                raise ValueError(f"stored register {name!r} must be an RO register of one "
+                                 f"word")
+            offsets.append(regmap.offset(name))
+        offsets.sort()
+        if any(b - a != WORD_BITS // 8 for a, b in zip(offsets, offsets[1:])):
+            raise ValueError("the stored registers must be consecutive words")
+        return offsets
 
     def _element(self, reg, index):
         port = getattr(self, reg.name)
@@ -136,10 +163,22 @@ class RegisterBank(wiring.Component):
         rd, answer = target.o_read, target.i_read
         rhit = hits(rd, "r")
         r_pending = Signal()
-        m.d.comb += [rd.ready.eq(~r_pending), answer.valid.eq(r_pending)]
+        stored_wait = Signal()      # a stored word's read: its data comes in the next cycle
+        m.d.comb += [rd.ready.eq(~r_pending & ~stored_wait), answer.valid.eq(r_pending)]
         read = wire(m, rd.valid & rd.ready, "read_take")
+        in_stored = Const(0, 1)
+        if self._stored_offsets:
+            index, first = rd.payload.addr[2:], self._stored_offsets[0] >> 2
+            after_first = ~lt(index, first) if first else Const(1, 1)
+            in_stored = wire(m, after_first & lt(index, first + len(self._stored_offsets)),
+                             "r_stored")
+            m.d.comb += [self.stored.addr.eq(sub(index, first)[:len(self.stored.addr)]),
+                         self.stored.en.eq(read & in_stored)]
+            with m.If(stored_wait):
+                m.d.sync += [stored_wait.eq(0), r_pending.eq(1),
+                             answer.payload.data.eq(self.stored.data)]
         with m.If(read):
-            m.d.sync += r_pending.eq(1)
+            m.d.sync += [r_pending.eq(~in_stored), stored_wait.eq(in_stored)]
         with m.If(answer.valid & answer.ready):
             m.d.sync += r_pending.eq(0)
 
@@ -147,6 +186,8 @@ class RegisterBank(wiring.Component):
         irqs = []
         for reg in regmap:
             own = [w for w in words if w.register is reg]
+            if reg.name in self._stored_names:
+                continue
             if reg.access == RO:
                 for w in own:
                     bits = Value.cast(self._element(reg, w.index))[w.lo:w.hi]
@@ -188,12 +229,13 @@ class RegisterBank(wiring.Component):
             m.d.comb += self.irq.eq(Cat(irqs).any())
 
         # The read multiplexer: {data, error} by word; every other word gives {0, 1}.
-        entries = {w.offset >> 2: Cat(values[w.offset], Const(0, 1)) for w in words}
+        entries = {w.offset >> 2: Cat(values[w.offset], Const(0, 1)) for w in words
+                   if w.offset in values}
         spare = next((k for k in range(1 << (regmap.addr_width - 2)) if k not in entries), None)
         if spare is not None:
             entries[spare] = Cat(Const(0, WORD_BITS), Const(1, 1))
         out = select(m, rd.payload.addr[2:], entries, WORD_BITS + 1, "read_mux")
         with m.If(read):
             m.d.sync += [answer.payload.data.eq(out[:WORD_BITS]),
-                         answer.payload.error.eq(out[WORD_BITS])]
+                         answer.payload.error.eq(out[WORD_BITS] & ~in_stored)]
         return m

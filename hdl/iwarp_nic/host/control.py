@@ -12,6 +12,7 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from ..axi import AxiLite
+from ..counters import CounterMemory
 from ..ddp.stag import StagWrite
 from ..engine import EngineOpen
 from ..errors import Violation
@@ -38,9 +39,16 @@ from .nicmap import (
 )
 from .rings import Doorbell, ReceiveRing, Ring
 
-__all__ = ["HostControl"]
+__all__ = ["HostControl", "COUNTER_BITS"]
 
 _WORD = 4           # octets of a bus word
+#: The low bits of each event count that HostControl takes from its block: the counter
+#: registers are 32-bit totals in a :class:`~iwarp_nic.counters.CounterMemory`, which visits
+#: each at least every 77 cycles (50 counters; a read takes its memory at most every third
+#: cycle), the first time within 127 cycles of reset, so a block may count up to 8 events a
+#: cycle; none counts more than a few (a frame, packet or segment each, or a MAC's crossed
+#: count: five a cycle at four MAC cycles to one).
+COUNTER_BITS = 10
 
 
 class HostControl(wiring.Component):
@@ -68,9 +76,11 @@ class HostControl(wiring.Component):
         ``startup_data`` queue); taken round robin while the event queue has room.
     irq : Out(1)
         ``irq_status`` and ``irq_enable``.
-    counters : In(StructLayout({name: 32 for name in nicmap.COUNTERS}))
-        What the counter registers read (:data:`~.nicmap.COUNTERS`), each by its register's
-        name.
+    counters : In(StructLayout({name: COUNTER_BITS for name in nicmap.COUNTERS}))
+        The events behind each counter register (:data:`~.nicmap.COUNTERS`), by its name:
+        the block's count modulo ``2**COUNTER_BITS`` (its low bits). The registers read 32-bit
+        totals from a :class:`~iwarp_nic.counters.CounterMemory`, each at most 80 cycles
+        behind its events; a read of one answers a cycle later than the other registers.
 
     ``limits`` reads ``ird_max`` and ``ord_max``: the engine's (the host must agree no larger
     IRD and ORD with a peer), and ``srqs``.
@@ -115,21 +125,24 @@ class HostControl(wiring.Component):
             "i_peer_terminate": In(stream.Signature(with_conn(TerminateHeader, conns))),
             "i_cq_event": In(stream.Signature(CqEvent(cqs))),
             "irq": Out(1),
-            "counters": In(StructLayout({name: 32 for name in COUNTERS})),
+            "counters": In(StructLayout({name: COUNTER_BITS for name in COUNTERS})),
         })
 
     def elaborate(self, platform):
         m = Module()
         n = self.data_bytes
-        m.submodules.bank = bank = RegisterBank(self.regmap)
+        m.submodules.bank = bank = RegisterBank(self.regmap, stored=tuple(COUNTERS))
         wiring.connect(m, wiring.flipped(self.s_axil), bank.s_axil)
+        m.submodules.counters = counters = CounterMemory(len(COUNTERS), COUNTER_BITS)
+        wiring.connect(m, bank.stored, counters.read)
+        m.d.comb += [counters.sources[k].eq(self.counters[name])
+                     for k, name in enumerate(COUNTERS)]
         m.d.comb += [
             bank.id.eq(MAGIC), bank.version.eq(VERSION),
             bank.features.eq(self.conns | self.cqs << 13 | n << 26),
             bank.limits.eq(self.ird_max | self.ord_max << 8 | self.srqs << 16),
             self.mac.eq(bank.mac), self.ip.eq(bank.ip), self.hash_key.eq(bank.hash_key),
             self.isn_key.eq(Cat(bank.isn_key_lo, bank.isn_key_hi)), self.irq.eq(bank.irq),
-            *(getattr(bank, name).eq(self.counters[name]) for name in COUNTERS),
         ]
         for name in ("sq_doorbell", "rq_doorbell", "cq_head"):
             door, out = getattr(bank, name), getattr(self, f"o_{name}")

@@ -37,7 +37,8 @@ How the host drives the NIC
   sent), then its IP stack's (``ip_`` and the names of :data:`~iwarp_nic.ip.stack.COUNTERS`:
   Ethernet, IPv4, ARP and ICMP, each block's packets and drops), then its TCP engine's
   (``tcp_`` and the names of :data:`~iwarp_nic.tcp.engine.COUNTERS`: segments, drops,
-  retransmissions, resets), in those lists' order.
+  retransmissions, resets), in those lists' order. Each reads a total kept in a memory
+  (:class:`~iwarp_nic.counters.CounterMemory`), at most 80 cycles behind its events.
 """
 
 import enum
