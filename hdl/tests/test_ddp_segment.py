@@ -14,7 +14,9 @@ import struct
 from types import SimpleNamespace
 
 import pytest
+from amaranth import Module, Signal
 from amaranth.back import verilog
+from amaranth.sim import Simulator
 
 from iwarp_model.wire.errors import WireError
 from iwarp_model.wire.rdmap import (
@@ -27,7 +29,13 @@ from iwarp_model.wire.rdmap import (
     decode_segment,
 )
 from iwarp_model.wire.terminate import ErrorCode, Terminate, error_code_for
-from iwarp_nic.ddp.segment import HEAD_BYTES, SegmentParser
+from iwarp_nic.ddp.segment import (
+    HEAD_BYTES,
+    SegmentHeader,
+    SegmentParser,
+    tagged_fields,
+    untagged_fields,
+)
 from iwarp_nic.errors import TerminateCode
 from iwarp_tb import toolchain
 from iwarp_tb.amsim import run
@@ -147,18 +155,14 @@ def expected(ulpdu, err):
             try:
                 Terminate.decode(ulpdu[18:])
             except WireError:
-                segment = SimpleNamespace(opcode=Opcode.TERMINATE, last=True, stag=0, to=0,
-                                          qn=2, msn=int.from_bytes(ulpdu[10:14], "big"), mo=0,
-                                          inv_stag=0)
+                segment = SimpleNamespace(opcode=Opcode.TERMINATE, last=True)
         if segment is None:
             layer, etype, ecode = code.value
             want.update(ok=0, code=layer << 12 | etype << 8 | ecode)
     if segment is not None:
         tagged = segment.opcode in (Opcode.WRITE, Opcode.READ_RESPONSE)
         want.update(ok=1, opcode=int(segment.opcode), tagged=int(tagged), last=int(segment.last),
-                    stag=segment.stag, to=segment.to, qn=0 if tagged else segment.qn,
-                    msn=0 if tagged else segment.msn, mo=0 if tagged else segment.mo,
-                    inv_stag=segment.inv_stag, length=len(ulpdu) - (14 if tagged else 18))
+                    length=len(ulpdu) - (14 if tagged else 18))
     return want, (ulpdu[count - 2:] if has_payload else None)
 
 
@@ -203,6 +207,31 @@ def simulate(n, packets, *, seed, idle=IDLE, stall=STALL, conns=None):
         assert {k: header[k] for k in want} == want, (bytes(packet).hex(), packet.err)
     assert [bytes(p) for p in got["payloads"]] == payloads
     return wants
+
+
+def test_field_views():
+    """``tagged_fields`` and ``untagged_fields`` give, from a header's ``head``, the DDP fields
+    the model decodes from the same octets (its consumers read them there)."""
+    hdr = Signal(SegmentHeader)
+    views = {True: tagged_fields(hdr), False: untagged_fields(hdr)}
+    names = {True: ("stag", "to"), False: ("inv_stag", "qn", "msn", "mo")}
+    ulpdus = good_segments(random.Random(5), longest=100)
+    checked = []
+
+    async def bench(ctx):
+        for ulpdu in ulpdus:
+            segment = decode_segment(ulpdu)
+            tagged = segment.opcode in (Opcode.WRITE, Opcode.READ_RESPONSE)
+            head = ulpdu[:HEAD_BYTES].ljust(HEAD_BYTES, b"\0")
+            ctx.set(hdr.head, int.from_bytes(head, "little"))
+            got = {name: ctx.get(getattr(views[tagged], name)) for name in names[tagged]}
+            assert got == {name: getattr(segment, name) for name in names[tagged]}, ulpdu.hex()
+            checked.append(tagged)
+
+    sim = Simulator(Module())
+    sim.add_testbench(bench)
+    sim.run()
+    assert set(checked) == {True, False}
 
 
 @pytest.mark.parametrize("n", [1, 8, 64])

@@ -54,7 +54,7 @@ from ..fifo import PacketFifo
 from ..headers import ATOMIC_RESPONSE, DDP_UNTAGGED
 from ..stream import BeatLayout, BeatStream, SkidBuffer, check_data_bytes
 from ..tcp.layouts import ConnRef, conn_bits, with_conn, without_conn
-from .segment import INVALIDATE_OPCODES, QUEUE, SegmentHeader
+from .segment import INVALIDATE_OPCODES, QUEUE, SegmentHeader, tagged_fields, untagged_fields
 from .stag import Access, Fault, InvalidateRequest, LookupRequest, LookupResult
 
 __all__ = ["PlaceRequest", "PostedReceive", "CompletionStatus", "ReceiveCompletion",
@@ -220,7 +220,8 @@ class SegmentPlacer(wiring.Component):
         ==========================================  =========================================
     o_header, o_payload : Out(stream.Signature(SegmentHeader)), Out(BeatStream(data_bytes))
         Every other good segment (Read Request, Atomic Request, Terminate), header first, then
-        its payload if it has one.
+        its payload if it has one. The header offered is the placer's own register: the next
+        header is not taken until it goes.
     dead : Out(1)
         Set from the first error on: an FPDU the deframer marked bad (its error event is the
         deframer's to report) or a Terminate request. Nothing is placed or forwarded after it;
@@ -349,6 +350,7 @@ class SegmentPlacer(wiring.Component):
         """Stage 1: each header in turn, checked (and looked up), into a route."""
         tagged = self.conns is not None
         hdr = Signal(with_conn(SegmentHeader, self.conns))
+        hdr_t, hdr_u = tagged_fields(hdr), untagged_fields(hdr)
         addr = Signal(64)
         lookup, result, fault = self.o_lookup, self.i_lookup, self.o_fault
         inval, inval_result = self.o_invalidate, self.i_invalidate
@@ -404,11 +406,12 @@ class SegmentPlacer(wiring.Component):
             incoming.head[8 * rdmap_header:8 * (rdmap_header + ATOMIC_RESPONSE.length)])
         left = Mux(fresh, head.size, room_read)
         incoming_length = widened(m, incoming.length, 32, "in_length_32")
+        in_tagged, in_untagged = tagged_fields(incoming), untagged_fields(incoming)
         checks = {
-            "msn_0": same(incoming.msn, msn), "msn_3": same(incoming.msn, msn_3),
-            "mo": same(incoming.mo, received), "head": head_valid,
-            "stag": same(incoming.stag, head.stag),
-            "to": same(incoming.to, Mux(fresh, head.to, expect_to)),
+            "msn_0": same(in_untagged.msn, msn), "msn_3": same(in_untagged.msn, msn_3),
+            "mo": same(in_untagged.mo, received), "head": head_valid,
+            "stag": same(in_tagged.stag, head.stag),
+            "to": same(in_tagged.to, Mux(fresh, head.to, expect_to)),
             "fits": incoming_length <= left,
             "full": same(incoming_length, left),
             "request": same(incoming_answer.request_id, head.request_id),
@@ -485,7 +488,8 @@ class SegmentPlacer(wiring.Component):
                 m.d.sync += [c.id.eq(head.id), c.status.eq(read)]
             if status == CompletionStatus.SUCCESS:
                 m.d.sync += [c.with_imm.eq(immediate), c.imm_data.eq(Mux(immediate, imm_data, 0)),
-                             c.with_inv.eq(invalidate), c.invalidated.eq(hdr.inv_stag),
+                             c.with_inv.eq(invalidate),
+                             c.invalidated.eq(Mux(invalidate, hdr_u.inv_stag, 0)),
                              c.solicited.eq(ok["solicited"])]
             elif complete:
                 m.d.sync += [c.with_imm.eq(0), c.imm_data.eq(0), c.with_inv.eq(0),
@@ -522,13 +526,19 @@ class SegmentPlacer(wiring.Component):
         states = ["TAKE", "DECIDE", "WRITE", "ROUTE", "RESPONSE", "ATOMIC", "BUFFER",
                   "INVALIDATE", "ACCEPT"]
         stage = Machine(m, states + (["LOAD", "OLDEST", "RECEIVE"] if tagged else []), "decide")
+        # A forwarded header is ``hdr`` itself: the next one waits in TAKE until it is taken
+        # (from the cycle after: its ready would otherwise reach the other ports' readies).
+        forwarding = self.o_header.valid
+        offered = self.i_header.valid & ~forwarding
+        m.d.comb += self.o_header.payload.eq(hdr)
         with stage.state("TAKE"):
             # The header and its checks are loaded in every cycle of TAKE (nothing reads them
             # here), so ``valid`` only moves the state and does not enable the wide registers.
-            m.d.sync += hdr.eq(self.i_header.payload)
+            with m.If(~forwarding):
+                m.d.sync += hdr.eq(self.i_header.payload)
             m.d.sync += [ok[name].eq(check) for name, check in checks.items()]
         if tagged:
-            self._contexts(m, stage, ctx, answered=checks["read_response"] |
+            self._contexts(m, stage, ctx, offered, answered=checks["read_response"] |
                            checks["atomic_response"])
             with stage.state("RECEIVE"):
                 m.d.comb += self.i_receive.ready.eq(1)
@@ -543,15 +553,15 @@ class SegmentPlacer(wiring.Component):
             with m.If(self.send_rtr):
                 m.d.sync += msn.eq(add(msn, 1))
             with stage.state("TAKE"):
-                m.d.comb += self.i_header.ready.eq(1)
-                with m.If(self.i_header.valid):
+                m.d.comb += self.i_header.ready.eq(~forwarding)
+                with m.If(offered):
                     stage.goto("DECIDE")
         with stage.state("DECIDE"):
             # Outputs of the last segment must have gone before a new one is offered.
             free = room_for_route & ~fault.valid & ~self.o_header.valid & ~lookup.valid
             with m.If(free):
                 with m.If(good_write & hdr.has_payload):
-                    ask(hdr.stag, hdr.to, hdr.length, Access.REMOTE_WRITE)
+                    ask(hdr_t.stag, hdr_t.to, hdr.length, Access.REMOTE_WRITE)
                     stage.goto("WRITE")
                 with m.Elif(read_response):
                     stage.goto("TAKE")
@@ -566,7 +576,7 @@ class SegmentPlacer(wiring.Component):
                         push()
                     with m.Else():
                         with m.If(hdr.has_payload):
-                            ask(hdr.stag, hdr.to, hdr.length, Access.LOCAL_WRITE)
+                            ask(hdr_t.stag, hdr_t.to, hdr.length, Access.LOCAL_WRITE)
                         stage.goto("RESPONSE")
                 with m.Elif(atomic_response):
                     stage.goto("TAKE")
@@ -577,7 +587,7 @@ class SegmentPlacer(wiring.Component):
                         report(TerminateCode.RDMAP_UNEXPECTED_OPCODE)
                         push()
                     with m.Else():
-                        m.d.sync += msn_3.eq(add(hdr.msn, 1))
+                        m.d.sync += msn_3.eq(add(hdr_u.msn, 1))
                         ask(head.stag, head.to, _ATOMIC_BYTES, Access.LOCAL_WRITE)
                         stage.goto("ATOMIC")
                 with m.Elif(queue_0):
@@ -594,7 +604,7 @@ class SegmentPlacer(wiring.Component):
                         report(hdr.code)
                     forward = hdr.ok & ~dead & ~eq(hdr.opcode, _WRITE)
                     with m.If(forward):
-                        m.d.sync += [self.o_header.valid.eq(1), self.o_header.payload.eq(hdr)]
+                        m.d.sync += self.o_header.valid.eq(1)
                     push(forward=forward)
         with stage.state("WRITE"):
             m.d.comb += result.ready.eq(1)
@@ -628,7 +638,7 @@ class SegmentPlacer(wiring.Component):
                 with m.Else():
                     push(place=hdr.has_payload, addr=where)
                     m.d.sync += [fresh.eq(0),
-                                 expect_to.eq(wrap_add(m, hdr.to, hdr.length, 64, "to_next")),
+                                 expect_to.eq(wrap_add(m, hdr_t.to, hdr.length, 64, "to_next")),
                                  room_read.eq(wrap_sub(m, left, hdr.length, 32, "read_left"))]
         with stage.state("ATOMIC"):
             # The atomic's sink checked: its original value placed there.
@@ -655,7 +665,7 @@ class SegmentPlacer(wiring.Component):
                     push(status=CompletionStatus.LOC_PROT_ERR)
                     stage.goto("TAKE")
                 with m.Elif(invalidate):
-                    m.d.sync += [inval.valid.eq(1), inval.payload.stag.eq(hdr.inv_stag),
+                    m.d.sync += [inval.valid.eq(1), inval.payload.stag.eq(hdr_u.inv_stag),
                                  inval.payload.pd.eq(pd)]
                     stage.goto("INVALIDATE")
                 with m.Else():
@@ -690,12 +700,13 @@ class SegmentPlacer(wiring.Component):
                              room.eq(wrap_sub(m, room, hdr.length, 32, "room_left")),
                              next_addr.eq(wrap_add(m, next_addr, hdr.length, 64, "addr_next"))]
 
-    def _contexts(self, m, stage, ctx, *, answered):
+    def _contexts(self, m, stage, ctx, offered, *, answered):
         """Several connections: each connection's :func:`_Context` in a block RAM, the held one
-        in ``ctx``. In TAKE, before a header is taken: a connection made afresh (``i_open``),
-        then a switch to the header's connection (its word read while the held one is written
-        back, loaded in LOAD), then, for a Read or Atomic Response (``answered``) whose oldest
-        outstanding request is not known, the question for it (OLDEST)."""
+        in ``ctx``. In TAKE, before a header is taken (once ``offered``): a connection made
+        afresh (``i_open``), then a switch to the header's connection (its word read while the
+        held one is written back, loaded in LOAD), then, for a Read or Atomic Response
+        (``answered``) whose oldest outstanding request is not known, the question for it
+        (OLDEST)."""
         layout = ctx.shape()
         incoming, opening = self.i_header.payload, self.i_open
         m.submodules.contexts = contexts = Memory(shape=layout, depth=self.conns,
@@ -726,11 +737,10 @@ class SegmentPlacer(wiring.Component):
                     m.d.sync += [self.o_ask_oldest.valid.eq(1),
                                  self.o_ask_oldest.payload.conn.eq(held)]
                     stage.goto("OLDEST")
-            with m.Else():
+            with m.Elif(offered):
                 m.d.comb += self.i_header.ready.eq(1)
-                with m.If(self.i_header.valid):
-                    m.d.sync += known.eq(0)
-                    stage.goto("DECIDE")
+                m.d.sync += known.eq(0)
+                stage.goto("DECIDE")
         with stage.state("LOAD"):
             m.d.sync += ctx.eq(read.data)
             stage.goto("TAKE")
@@ -755,7 +765,7 @@ class SegmentPlacer(wiring.Component):
                 push()
             with m.Else():
                 stage.goto("ACCEPT")
-        with m.Elif(~is_zero(hdr.mo)):
+        with m.Elif(~is_zero(untagged_fields(hdr).mo)):
             report(TerminateCode.DDP_UNTAGGED_INVALID_MO)
             push()
         if self.conns is not None:

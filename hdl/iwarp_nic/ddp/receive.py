@@ -78,7 +78,7 @@ class StreamReceiver(wiring.Component):
         The other good segments, for the RDMAP stages.
 
     Nothing is placed after the first error of either kind. Latency from an FPDU's last
-    octet in to its placement request: the deframer's, two cycles of the parser, one of the
+    octet in to its placement request: the deframer's, a cycle of the parser, one of the
     register slice after the RTR check, the payload FIFO's and the table's five (measured by
     ``make bench``). Throughput: one beat per cycle for FPDUs longer than a few beats.
     """

@@ -18,7 +18,7 @@ from ..exact import eq, is_zero
 from ..headers import DDP_UNTAGGED, READ_REQUEST
 from ..mpa.negotiate import Rtr
 from ..tcp.layouts import ConnRef, conn_bits, with_conn
-from .segment import SegmentHeader
+from .segment import SegmentHeader, untagged_fields
 
 __all__ = ["RtrCheck", "RtrOpen"]
 
@@ -132,7 +132,7 @@ class RtrCheck(wiring.Component):
         at = DDP_UNTAGGED.length
         size = READ_REQUEST.unpack(hdr.head[8 * at:8 * (at + READ_REQUEST.length)]).size
         empty = is_zero(hdr.length)
-        msn_1 = eq(hdr.msn, 1)
+        msn_1 = eq(untagged_fields(hdr).msn, 1)
         matches = Signal()
         with m.If(eq(expect, Rtr.WRITE.value)):
             m.d.comb += matches.eq(hdr.tagged & eq(hdr.opcode, _WRITE) & empty)

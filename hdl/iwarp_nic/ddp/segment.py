@@ -41,7 +41,7 @@ from ..trim import HeadTrim
 from ..width import BeatDownsizer, BeatUpsizer
 
 __all__ = ["HEAD_BYTES", "QUEUE", "TAGGED_OPCODES", "INVALIDATE_OPCODES", "SegmentHeader",
-           "TaggedSegmentHeader", "SegmentParser"]
+           "TaggedSegmentHeader", "tagged_fields", "untagged_fields", "SegmentParser"]
 
 _LENGTH_FIELD = 2                   # the MPA ULPDU_Length octets ahead of each ULPDU
 #: Octets of each ULPDU the parser keeps: an untagged DDP header and the longest RDMAP header
@@ -66,18 +66,30 @@ _CORE_BYTES = 4                     # the T bit and opcode in the first beat
 #: One DDP segment, as parsed. ``fpdu_bad``: the deframer marked the FPDU bad (CRC, marker or
 #: length: its own error event says which); nothing else is then meaningful. ``ok``: every
 #: check passed; otherwise ``code`` is the first failing check's. ``opcode``, ``tagged`` (the
-#: T bit), ``last`` (L): from the control octets. ``stag``/``to`` of a tagged segment,
-#: ``qn``/``msn``/``mo`` of an untagged one, ``inv_stag`` of a Send with Invalidate (0 for other
-#: opcodes). ``length``: octets after the DDP header (the payload, or the RDMAP header);
-#: ``ulpdu_length``: octets of the whole ULPDU; ``head``: its first :data:`HEAD_BYTES` octets,
-#: lane 0 first, zero past its end. ``has_payload``: a packet on ``o_payload`` belongs to this
-#: segment. The fields of a segment that is not ``ok`` are as read, for the Terminate's copies.
+#: T bit), ``last`` (L): from the control octets. ``length``: octets after the DDP header (the
+#: payload, or the RDMAP header); ``ulpdu_length``: octets of the whole ULPDU; ``head``: its
+#: first :data:`HEAD_BYTES` octets, lane 0 first, zero past its end; the DDP header's other
+#: fields are read from it (:func:`tagged_fields`, :func:`untagged_fields`). ``has_payload``:
+#: a packet on ``o_payload`` belongs to this segment. The fields of a segment that is not
+#: ``ok`` are as read, for the Terminate's copies.
 SegmentHeader = StructLayout({
     "fpdu_bad": 1, "ok": 1, "code": TerminateCode,
     "opcode": 4, "tagged": 1, "last": 1,
-    "stag": 32, "to": 64, "qn": 32, "msn": 32, "mo": 32, "inv_stag": 32,
     "length": 16, "ulpdu_length": 16, "has_payload": 1, "head": 8 * HEAD_BYTES,
 })
+
+
+def tagged_fields(hdr):
+    """The tagged DDP header (``stag``, ``to``) of the :data:`SegmentHeader` ``hdr``, read from
+    its ``head`` whatever its T bit says: meaningful for a tagged segment only. Wiring."""
+    return DDP_TAGGED.unpack(hdr.head[:8 * DDP_TAGGED.length])
+
+
+def untagged_fields(hdr):
+    """The untagged DDP header (``inv_stag``, ``qn``, ``msn``, ``mo``) of the
+    :data:`SegmentHeader` ``hdr``, read from its ``head`` whatever its T bit says: meaningful
+    for an untagged segment only, ``inv_stag`` for a Send with Invalidate only. Wiring."""
+    return DDP_UNTAGGED.unpack(hdr.head[:8 * DDP_UNTAGGED.length])
 
 
 def TaggedSegmentHeader(conns):
@@ -114,11 +126,11 @@ class SegmentParser(wiring.Component):
 
     Throughput: one beat per cycle (below 4 bytes per beat, the parser runs on 4-byte beats
     between an upsizer and a downsizer), one header per cycle for back-to-back one-beat
-    packets. Latency: a header is offered two cycles after its packet's last beat is taken;
+    packets. Latency: a header is offered a cycle after its packet's last beat is taken;
     a payload beat one cycle after the beat that completes it (HeadTrim's). Back-pressure:
     ``o_payload`` stalls ``i`` for beats that complete a payload beat; a full ``o_header``
     stalls ``i`` once the next header waits too. The consumer must drain ``o_payload`` without
-    waiting for the header, which comes after the payload.
+    waiting for the header, which comes with or after the payload's last beat.
 
     Bad input: any octets give a header per packet and never hang the parser; a packet of
     fewer than 3 octets is a segment without a DDP header.
@@ -160,29 +172,28 @@ class SegmentParser(wiring.Component):
         wiring.connect(m, trim.o, wiring.flipped(self.o_payload))
 
         # Capture: the packet's first octets (`held`, lane 0 first, zero past the packet), the
-        # beat index within them and the octets of the beats before this one.
+        # beat index within them and the octets of the beats before this one. After the last
+        # beat `held` is the whole packet's capture (`full`) until its header is offered, and
+        # the decode reads it there; offering it clears `held` for the next packet, whose
+        # first beat may arrive in that cycle (it then overrides the clear of its lanes).
         held = Signal(8 * n * beats)
+        full = Signal()
         index = Signal(range(beats + 1))
         octets = Signal(_COUNT_BITS)
         first = Signal(init=1)
         count_given = Signal()
         lanes = Cat(beat.keep[k].replicate(8) for k in range(n))
         in_last = keep_count(m, beat.keep, n, "in_last")
-        merged = Signal.like(held)
-        m.d.comb += merged.eq(held)
-        for k in range(beats):
-            with m.If(eq(index, k)):
-                m.d.comb += merged[8 * n * k:8 * n * (k + 1)].eq(beat.data & lanes)
 
-        # The decode stage's input: a whole packet's capture, its octets, its err.
-        snap = Signal.like(held)
-        total = Signal(_COUNT_BITS)         # octets of the packet, ULPDU_Length field included
-        snap_err = Signal()
-        snap_valid = Signal()
+        # The decode stage's input beside `held`: the packet's octets (ULPDU_Length field
+        # included) and its err.
+        total = Signal(_COUNT_BITS)
+        held_err = Signal()
         tagged = self.conns is not None
-        snap_conn = Signal(conn_bits(self.conns)) if tagged else None
+        held_conn = Signal(conn_bits(self.conns)) if tagged else None
         out_free = ~out.valid | out.ready
-        room = wire(m, ~snap_valid | out_free, "room")
+        offer = wire(m, full & out_free, "offer")
+        room = wire(m, ~full | out_free, "room")
 
         m.d.comb += [
             trim.i.payload.data.eq(beat.data), trim.i.payload.keep.eq(beat.keep),
@@ -197,25 +208,27 @@ class SegmentParser(wiring.Component):
 
         with m.If(out.ready):
             m.d.sync += out.valid.eq(0)
-        with m.If(snap_valid & out_free):
-            m.d.sync += snap_valid.eq(0)
+        with m.If(offer):
+            m.d.sync += [held.eq(0), full.eq(0)]
 
         with m.If(self.i.valid & self.i.ready):
             m.d.sync += [first.eq(beat.last), count_given.eq(0)]
+            for k in range(beats):
+                with m.If(eq(index, k)):
+                    m.d.sync += held[8 * n * k:8 * n * (k + 1)].eq(beat.data & lanes)
             with m.If(beat.last):
-                m.d.sync += [held.eq(0), index.eq(0), octets.eq(0),
-                             snap.eq(merged),
+                m.d.sync += [index.eq(0), octets.eq(0), full.eq(1),
                              total.eq(wrap_add(m, octets, in_last, _COUNT_BITS, "octets_all")),
-                             snap_err.eq(beat.err), snap_valid.eq(1)]
+                             held_err.eq(beat.err)]
                 if tagged:
-                    m.d.sync += snap_conn.eq(beat.conn)
+                    m.d.sync += held_conn.eq(beat.conn)
             with m.Else():
-                m.d.sync += [held.eq(merged), octets.eq(add(octets, n)[:_COUNT_BITS])]
+                m.d.sync += octets.eq(add(octets, n)[:_COUNT_BITS])
                 with m.If(lt(index, beats)):
                     m.d.sync += index.eq(add(index, 1))
 
         # Decode: the packet's length and both readings of its DDP header.
-        ulpdu = snap[8 * _LENGTH_FIELD:]
+        ulpdu = held[8 * _LENGTH_FIELD:]
         head = ulpdu[:8 * HEAD_BYTES]
         tagged_hdr = DDP_TAGGED.unpack(ulpdu[:8 * DDP_TAGGED.length])
         untagged_hdr = DDP_UNTAGGED.unpack(ulpdu[:8 * DDP_UNTAGGED.length])
@@ -249,23 +262,18 @@ class SegmentParser(wiring.Component):
             (~t & eq(opcode, _ATOMIC_REQUEST) & ~one_of(aopcode, _ATOMIC_OPS),
              TerminateCode.RDMAP_UNEXPECTED_OPCODE),
         ]
-        m.d.comb += ok.eq(~snap_err)
+        m.d.comb += ok.eq(~held_err)
         for failed, failed_code in reversed(checks):
             with m.If(failed):
                 m.d.comb += [ok.eq(0), code.eq(failed_code)]
 
         count = wire(m, _trim_count(t, opcode), "count")
-        with m.If(snap_valid & out_free):
+        with m.If(offer):
             p = out.payload
             m.d.sync += [
                 out.valid.eq(1),
-                p.fpdu_bad.eq(snap_err), p.ok.eq(ok), p.code.eq(code),
+                p.fpdu_bad.eq(held_err), p.ok.eq(ok), p.code.eq(code),
                 p.opcode.eq(opcode), p.tagged.eq(t), p.last.eq(tagged_hdr.l),
-                p.stag.eq(Mux(t, tagged_hdr.stag, 0)), p.to.eq(Mux(t, tagged_hdr.to, 0)),
-                p.qn.eq(Mux(t, 0, untagged_hdr.qn)), p.msn.eq(Mux(t, 0, untagged_hdr.msn)),
-                p.mo.eq(Mux(t, 0, untagged_hdr.mo)),
-                p.inv_stag.eq(Mux(~t & one_of(opcode, INVALIDATE_OPCODES),
-                                  untagged_hdr.inv_stag, 0)),
                 p.length.eq(Mux(t, sub(total, _LENGTH_FIELD + DDP_TAGGED.length),
                                 sub(total, _LENGTH_FIELD + DDP_UNTAGGED.length))[:16]),
                 p.ulpdu_length.eq(sub(total, _LENGTH_FIELD)[:16]),
@@ -273,5 +281,5 @@ class SegmentParser(wiring.Component):
                 p.head.eq(head),
             ]
             if tagged:
-                m.d.sync += p.conn.eq(snap_conn)
+                m.d.sync += p.conn.eq(held_conn)
         return m

@@ -19,7 +19,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from ..ddp.emit import Message
-from ..ddp.segment import SegmentHeader
+from ..ddp.segment import SegmentHeader, untagged_fields
 from ..ddp.stag import Access, Fault, LookupRequest, LookupResult
 from ..errors import OFFENDING_BYTES, TerminateCode, Violation
 from ..exact import Machine, add, eq, is_zero, lt, select, widened, wire, wrap_add, wrap_sub
@@ -315,7 +315,7 @@ class RequestResponder(wiring.Component):
             current = ctx_rd.data if tagged else ctx
             with m.If(take.valid & take.ready):
                 m.d.sync += [hdr.eq(take.payload), settling.eq(1),
-                             msn_ok.eq(take.payload.msn == current.expected)]
+                             msn_ok.eq(untagged_fields(take.payload).msn == current.expected)]
                 if tagged:
                     m.d.sync += ctx.eq(current)
                     with m.If(lt(take.payload.conn, self.conns)):
@@ -337,7 +337,7 @@ class RequestResponder(wiring.Component):
                 with m.Elif(~msn_ok | ~credit):
                     report(TerminateCode.DDP_UNTAGGED_INVALID_MSN_RANGE)
                 with m.Else():
-                    m.d.comb += nxt.expected.eq(add(hdr.msn, 1))
+                    m.d.comb += nxt.expected.eq(add(untagged_fields(hdr).msn, 1))
                     with m.If(is_zero(request.size) & ~is_atomic):
                         m.d.sync += source.eq(0)
                         stage.goto("SEND")
