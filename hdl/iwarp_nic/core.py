@@ -74,7 +74,8 @@ class NicCore(wiring.Component):
     ``tcp`` holds further :class:`~.tcp.engine.TcpEngine` parameters: its timers (RFC
     6298's by default, for a clock of 125 MHz), which simulation scales down so that a
     retransmission timeout is tens of thousands of cycles (78,000 for 0.5 ms at 156.25 MHz),
-    not tens of millions.
+    not tens of millions. Without ``event_counters`` the counter registers read 0 and the
+    blocks' event counts are left to synthesis to remove (:class:`~.host.control.HostControl`).
 
     Ports
     -----
@@ -104,7 +105,8 @@ class NicCore(wiring.Component):
     """
 
     def __init__(self, data_bytes, *, conns=16, cqs=16, srqs=4, dma_bytes=8,
-                 stag_entries=4096, pd_bits=16, tcp=None, mac_bytes=None):
+                 stag_entries=4096, pd_bits=16, tcp=None, mac_bytes=None,
+                 event_counters=True):
         self.data_bytes = check_data_bytes(data_bytes)
         self.dma_bytes = check_data_bytes(dma_bytes, what="dma_bytes")
         if dma_bytes < 8:
@@ -127,7 +129,8 @@ class NicCore(wiring.Component):
         self._control = HostControl(data_bytes, conns=conns, cqs=cqs, srqs=srqs,
                                     pd_bits=pd_bits,
                                     stag_entries=stag_entries, ird_max=self._engine.ird_max,
-                                    ord_max=self._engine.ord_depth)
+                                    ord_max=self._engine.ord_depth,
+                                    event_counters=event_counters)
         self._pins = {name: member for name, member in self._node.signature.members.items()
                       if name.startswith(_PHY_PREFIXES)}
         super().__init__({

@@ -17,7 +17,7 @@ import random
 import pytest
 
 from iwarp_nic.host.control import HostControl
-from iwarp_nic.host.nicmap import MAGIC, VERSION, CommandOp, NicEventKind
+from iwarp_nic.host.nicmap import COUNTERS, MAGIC, VERSION, CommandOp, NicEventKind
 from iwarp_tb.amsim import run
 from iwarp_tb.axil import OKAY, AxiLiteManager, AxiLitePort
 from iwarp_tb.beats import Packet
@@ -108,6 +108,29 @@ def test_registers_and_commands():
             values = [_qp_part(qp, v, part) for v in values]
         assert got[name] == values, name
     assert sum(map(len, got.values())) > 20
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_event_counters(kept):
+    """The counter registers read what each block has counted (the low bits it gives, brought
+    into a 32-bit total), or 0 when HostControl is built without ``event_counters``; the other
+    registers answer as before either way."""
+    dut = HostControl(8, conns=2, cqs=2, srqs=1, event_counters=kept)
+    counts = {name: 1 + 7 * k for k, name in enumerate(COUNTERS)}
+    got = {}
+
+    async def host(ctx):
+        for name, count in counts.items():
+            ctx.set(dut.counters[name], count)
+        for _ in range(2 * len(COUNTERS) + 100):        # the memory cleared, then visited
+            await ctx.tick()
+        h = Host(ctx, dut, random.Random(4))
+        got["id"] = await h.read("id")
+        got.update({name: await h.read(name) for name in COUNTERS})
+
+    run(dut, host, name=f"host_control_counters_{kept}")
+    assert got.pop("id") == MAGIC
+    assert got == {name: count if kept else 0 for name, count in counts.items()}
 
 
 def _qp_part(layout, value, part):

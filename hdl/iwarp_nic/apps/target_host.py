@@ -410,7 +410,8 @@ class MemoryTarget(wiring.Component):
     """A memory target, board-free: a :class:`~iwarp_nic.core.NicCore` of ``data_bytes``
     with an :class:`~iwarp_nic.axi_ram.AxiRam` of ``plan.ram_bytes`` as its host memory (at
     address 0) and a :class:`TargetHost` on its registers. ``core``: further NicCore
-    parameters (its sizes must be the plan's).
+    parameters (its sizes must be the plan's); ``event_counters`` is off unless they say
+    otherwise, as the host reads no counter.
 
     Ports: NicCore's PHY pins, and :class:`TargetHost`'s ``listening``, ``connected``,
     ``pings`` and ``refused`` (for LEDs).
@@ -422,7 +423,7 @@ class MemoryTarget(wiring.Component):
         self.plan = TargetPlan() if plan is None else plan
         sizes = {"conns": self.plan.conns, "cqs": self.plan.cqs, "srqs": self.plan.srqs,
                  "stag_entries": self.plan.stag_entries}
-        self._core = NicCore(data_bytes, **sizes, **core)
+        self._core = NicCore(data_bytes, **sizes, **{"event_counters": False, **core})
         self._ram = AxiRam(self._core.dma_bytes, self.plan.ram_bytes,
                            init=self.plan.image())
         self._host = TargetHost(self.plan, mac=mac, ip=ip, keys=keys)

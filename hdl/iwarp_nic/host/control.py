@@ -81,6 +81,9 @@ class HostControl(wiring.Component):
         the block's count modulo ``2**COUNTER_BITS`` (its low bits). The registers read 32-bit
         totals from a :class:`~iwarp_nic.counters.CounterMemory`, each at most 80 cycles
         behind its events; a read of one answers a cycle later than the other registers.
+        Without ``event_counters`` these inputs are not read: the registers read 0, and
+        synthesis drops the counters behind them (a host that never reads them, as the
+        memory target's, need not pay for them).
 
     ``limits`` reads ``ird_max`` and ``ord_max``: the engine's (the host must agree no larger
     IRD and ORD with a peer), and ``srqs``.
@@ -92,9 +95,10 @@ class HostControl(wiring.Component):
     """
 
     def __init__(self, data_bytes, *, conns=16, cqs=16, srqs=4, pd_bits=16, stag_entries=4096,
-                 events=16, ird_max=8, ord_max=32):
+                 events=16, ird_max=8, ord_max=32, event_counters=True):
         self.data_bytes = check_data_bytes(data_bytes)
         self.conns, self.cqs, self.srqs, self.events = conns, cqs, srqs, events
+        self.event_counters = event_counters
         self.ird_max, self.ord_max = ird_max, ord_max
         self.regmap = nic_map(conns=conns, cqs=cqs, srqs=srqs)
         self.commands = command_layouts(conns=conns, cqs=cqs, srqs=srqs, pd_bits=pd_bits,
@@ -131,12 +135,14 @@ class HostControl(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         n = self.data_bytes
-        m.submodules.bank = bank = RegisterBank(self.regmap, stored=tuple(COUNTERS))
+        stored = tuple(COUNTERS) if self.event_counters else ()
+        m.submodules.bank = bank = RegisterBank(self.regmap, stored=stored)
         wiring.connect(m, wiring.flipped(self.s_axil), bank.s_axil)
-        m.submodules.counters = counters = CounterMemory(len(COUNTERS), COUNTER_BITS)
-        wiring.connect(m, bank.stored, counters.read)
-        m.d.comb += [counters.sources[k].eq(self.counters[name])
-                     for k, name in enumerate(COUNTERS)]
+        if self.event_counters:
+            m.submodules.counters = counters = CounterMemory(len(COUNTERS), COUNTER_BITS)
+            wiring.connect(m, bank.stored, counters.read)
+            m.d.comb += [counters.sources[k].eq(self.counters[name])
+                         for k, name in enumerate(COUNTERS)]
         m.d.comb += [
             bank.id.eq(MAGIC), bank.version.eq(VERSION),
             bank.features.eq(self.conns | self.cqs << 13 | n << 26),
