@@ -74,8 +74,10 @@ class NicCore(wiring.Component):
     ``tcp`` holds further :class:`~.tcp.engine.TcpEngine` parameters: its timers (RFC
     6298's by default, for a clock of 125 MHz), which simulation scales down so that a
     retransmission timeout is tens of thousands of cycles (78,000 for 0.5 ms at 156.25 MHz),
-    not tens of millions. Without ``event_counters`` the counter registers read 0 and the
-    blocks' event counts are left to synthesis to remove (:class:`~.host.control.HostControl`).
+    not tens of millions. ``ip_stack`` holds :class:`~.ip.stack.IpStack` parameters (its ARP
+    cache's ``arp_entries``, 8 by default, ``arp_retries``, ``arp_timeout``). Without
+    ``event_counters`` the counter registers read 0 and the blocks' event counts are left to
+    synthesis to remove (:class:`~.host.control.HostControl`).
 
     Ports
     -----
@@ -105,7 +107,7 @@ class NicCore(wiring.Component):
     """
 
     def __init__(self, data_bytes, *, conns=16, cqs=16, srqs=4, dma_bytes=8,
-                 stag_entries=4096, pd_bits=16, tcp=None, mac_bytes=None,
+                 stag_entries=4096, pd_bits=16, tcp=None, ip_stack=None, mac_bytes=None,
                  event_counters=True):
         self.data_bytes = check_data_bytes(data_bytes)
         self.dma_bytes = check_data_bytes(dma_bytes, what="dma_bytes")
@@ -119,7 +121,7 @@ class NicCore(wiring.Component):
         # segment took 5% of the line).
         self._node = TcpNode(data_bytes, mac_bytes=mac_bytes,
                              engine={"conns": conns, "cut_slots": 64, "ack_with_data": True,
-                                     **(tcp or {})})
+                                     **(tcp or {})}, **(ip_stack or {}))
         self._engine = ConnectionsEngine(data_bytes, conns=conns, stag_entries=stag_entries,
                                          pd_bits=pd_bits)
         #: The longest ULPDU the receive path takes in: an FPDU whose ULPDU_Length is above it

@@ -217,6 +217,34 @@ def test_sixteen_connections(rig):
     exchange(rig, wire, pairs, 24 * 1024 if rig.width == 8 else 8 * 1024, timeout=0.3)
 
 
+def test_every_slot_listens():
+    """Two slots, both listening on one port: the listen table has ``min(listen_slots,
+    conns)`` entries (2 of the default 16), every one taken. Each of two SYNs finds a slot, a
+    third finds none and is refused with a RST; a slot that closes listens again and takes the
+    next connection. Data crosses each connection intact."""
+    rig = NicRig(1, conns=2, ring_bytes=4096, rx_buffer_bytes=8192)
+    try:
+        wire = ModelWire(rig)
+        for slot in range(2):
+            rig.host.listen(slot, NIC_PORT)
+        rig.h.run(200)
+        first = [wire.model.connect(rig.ip, NIC_PORT) for _ in range(2)]
+        wire.run(lambda: all(s.peer is not None for s in rig.host.slots), timeout=0.05)
+        by_port = {mc.local_port: mc for mc in first}
+        pairs = [(slot, by_port[rig.host.slots[slot].peer[1]]) for slot in range(2)]
+        exchange(rig, wire, pairs, 3000, timeout=0.1)
+        refused = wire.model.connect(rig.ip, NIC_PORT)
+        wire.run(lambda: refused.error is not None, timeout=0.05)
+        assert rig.h.get("tcp_rx_no_conn") >= 1
+        slot, mc = pairs[0]
+        rig.host.abort(slot)
+        wire.run(lambda: rig.host.slots[slot].peer is None, timeout=0.05)
+        again = nic_listens(rig, wire, conn=slot)
+        exchange(rig, wire, [(slot, again)], 3000, timeout=0.1)
+    finally:
+        rig.close()
+
+
 class Crafter:
     """Frames from the model's addresses, aimed at a NIC connection with the model's view of
     its sequence numbers."""

@@ -126,11 +126,15 @@ class SegmentParser(wiring.Component):
 
     Throughput: one beat per cycle (below 4 bytes per beat, the parser runs on 4-byte beats
     between an upsizer and a downsizer), one header per cycle for back-to-back one-beat
-    packets. Latency: a header is offered a cycle after its packet's last beat is taken;
-    a payload beat one cycle after the beat that completes it (HeadTrim's). Back-pressure:
-    ``o_payload`` stalls ``i`` for beats that complete a payload beat; a full ``o_header``
-    stalls ``i`` once the next header waits too. The consumer must drain ``o_payload`` without
-    waiting for the header, which comes with or after the payload's last beat.
+    packets. Latency: a header is offered in the cycle after its packet's last beat is taken;
+    a payload beat one cycle after the beat that completes it (HeadTrim's). The header is
+    decoded combinationally from the register that gathered the packet's first octets, so the
+    packet is held once: ``o_header.valid`` is that register's, its payload comes through the
+    checks' logic (the consumer registers it). Back-pressure: ``o_payload`` stalls ``i`` for
+    beats that complete a payload beat; a header not taken stalls ``i`` at the next packet's
+    first beat (in the cycle it is taken, that beat may come in). The consumer must drain
+    ``o_payload`` without waiting for the header, which comes with or after the payload's last
+    beat.
 
     Bad input: any octets give a header per packet and never hang the parser; a packet of
     fewer than 3 octets is a segment without a DDP header.
@@ -173,9 +177,9 @@ class SegmentParser(wiring.Component):
 
         # Capture: the packet's first octets (`held`, lane 0 first, zero past the packet), the
         # beat index within them and the octets of the beats before this one. After the last
-        # beat `held` is the whole packet's capture (`full`) until its header is offered, and
-        # the decode reads it there; offering it clears `held` for the next packet, whose
-        # first beat may arrive in that cycle (it then overrides the clear of its lanes).
+        # beat `held` is the whole packet's capture (`full`), and its header, decoded from it,
+        # is offered until taken; taking it clears `held` for the next packet, whose first beat
+        # may arrive in that cycle (it then overrides the clear of its lanes).
         held = Signal(8 * n * beats)
         full = Signal()
         index = Signal(range(beats + 1))
@@ -191,9 +195,8 @@ class SegmentParser(wiring.Component):
         held_err = Signal()
         tagged = self.conns is not None
         held_conn = Signal(conn_bits(self.conns)) if tagged else None
-        out_free = ~out.valid | out.ready
-        offer = wire(m, full & out_free, "offer")
-        room = wire(m, ~full | out_free, "room")
+        taken = wire(m, full & out.ready, "taken")
+        room = wire(m, ~full | out.ready, "room")
 
         m.d.comb += [
             trim.i.payload.data.eq(beat.data), trim.i.payload.keep.eq(beat.keep),
@@ -206,9 +209,7 @@ class SegmentParser(wiring.Component):
         with m.If(trim.i_count.valid & trim.i_count.ready):
             m.d.sync += count_given.eq(1)
 
-        with m.If(out.ready):
-            m.d.sync += out.valid.eq(0)
-        with m.If(offer):
+        with m.If(taken):
             m.d.sync += [held.eq(0), full.eq(0)]
 
         with m.If(self.i.valid & self.i.ready):
@@ -268,18 +269,17 @@ class SegmentParser(wiring.Component):
                 m.d.comb += [ok.eq(0), code.eq(failed_code)]
 
         count = wire(m, _trim_count(t, opcode), "count")
-        with m.If(offer):
-            p = out.payload
-            m.d.sync += [
-                out.valid.eq(1),
-                p.fpdu_bad.eq(held_err), p.ok.eq(ok), p.code.eq(code),
-                p.opcode.eq(opcode), p.tagged.eq(t), p.last.eq(tagged_hdr.l),
-                p.length.eq(Mux(t, sub(total, _LENGTH_FIELD + DDP_TAGGED.length),
-                                sub(total, _LENGTH_FIELD + DDP_UNTAGGED.length))[:16]),
-                p.ulpdu_length.eq(sub(total, _LENGTH_FIELD)[:16]),
-                p.has_payload.eq(count < total),
-                p.head.eq(head),
-            ]
-            if tagged:
-                m.d.sync += p.conn.eq(held_conn)
+        p = out.payload
+        m.d.comb += [
+            out.valid.eq(full),
+            p.fpdu_bad.eq(held_err), p.ok.eq(ok), p.code.eq(code),
+            p.opcode.eq(opcode), p.tagged.eq(t), p.last.eq(tagged_hdr.l),
+            p.length.eq(Mux(t, sub(total, _LENGTH_FIELD + DDP_TAGGED.length),
+                            sub(total, _LENGTH_FIELD + DDP_UNTAGGED.length))[:16]),
+            p.ulpdu_length.eq(sub(total, _LENGTH_FIELD)[:16]),
+            p.has_payload.eq(count < total),
+            p.head.eq(head),
+        ]
+        if tagged:
+            m.d.comb += p.conn.eq(held_conn)
         return m

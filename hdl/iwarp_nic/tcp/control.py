@@ -235,7 +235,9 @@ class TcpControl(wiring.Component):
         Retransmission timeouts in a row before a connection is given up (RST, TIMEOUT event);
         a zero-window probe never gives up.
     listen_slots : int
-        Entries of the listen table: slots waiting in LISTEN at one time.
+        Entries of the listen table: slots waiting in LISTEN at one time. A slot in LISTEN
+        holds one entry (it leaves it for SYN-RECEIVED, CLOSED or an abort), so more than
+        ``conns`` are never used: the table has ``min(listen_slots, conns)``.
     park_segments : int
         Out-of-order segments (of at most ``mss`` bytes) the park buffer holds; the engine
         sizes the buffer so that they always fit.
@@ -299,7 +301,7 @@ class TcpControl(wiring.Component):
         if not self.rto_min <= self.rto_initial <= self.rto_max:
             raise ValueError("need rto_min <= rto_initial <= rto_max")
         self.max_retries = max_retries
-        self.listen_slots = listen_slots
+        self.listen_slots = min(listen_slots, conns)
         self.verdicts = verdicts
         if park_segments < 1:
             raise ValueError("park_segments must be 1 or more")
