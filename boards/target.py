@@ -87,7 +87,7 @@ PLAN = TargetPlan(ram_bytes=32768, conns=2, cqs=2, srqs=2, stag_entries=16)
 #: (a window of 16 KiB covers 131 us at 1 Gb/s), a 32 KiB receive buffer, 4 out-of-order
 #: segments parked; its timers at the engine's defaults for the core clock. An ARP cache of
 #: 4 entries: the peers of both slots and two more (a host that pings, say); a fifth address
-#: replaces one, round-robin (an entry is about 200 LUT4 and 240 FF).
+#: replaces one, round-robin (an entry is about 160 LUT4 sites and 81 FF).
 CORE = dict(tcp=dict(ring_bytes=16384, rx_buffer_bytes=32768, park_segments=4,
                      clock_hz=CORE_HZ), ip_stack=dict(arp_entries=4))
 #: Default addresses: a locally administered MAC, an address on 192.168.1.0/24.
