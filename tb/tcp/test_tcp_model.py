@@ -220,7 +220,7 @@ def test_sixteen_connections(rig):
 def test_every_slot_listens():
     """Two slots, both listening on one port: the listen table has ``min(listen_slots,
     conns)`` entries (2 of the default 16), every one taken. Each of two SYNs finds a slot, a
-    third finds none and is refused with a RST; a slot that closes listens again and takes the
+    third finds none and is refused with a RST; a slot that aborts listens again and takes the
     next connection. Data crosses each connection intact."""
     rig = NicRig(1, conns=2, ring_bytes=4096, rx_buffer_bytes=8192)
     try:
@@ -236,7 +236,7 @@ def test_every_slot_listens():
         refused = wire.model.connect(rig.ip, NIC_PORT)
         wire.run(lambda: refused.error is not None, timeout=0.05)
         assert rig.h.get("tcp_rx_no_conn") >= 1
-        slot, mc = pairs[0]
+        slot = pairs[0][0]
         rig.host.abort(slot)
         wire.run(lambda: rig.host.slots[slot].peer is None, timeout=0.05)
         again = nic_listens(rig, wire, conn=slot)
