@@ -717,19 +717,22 @@ class SegmentPlacer(wiring.Component):
         holding = Signal()
         known = Signal()        # the header's connection's oldest request was asked for
         opened = Signal(layout)
+        # The write port's address and data are set whatever the state (``en`` says when they
+        # count): a connection made afresh, else the held context written back.
         m.d.comb += [opened.eq(layout.const(_FRESH)), opened.pd.eq(opening.payload.pd),
                      opened.msn.eq(Mux(opening.payload.send_rtr, 2, 1)),
-                     read.addr.eq(incoming.conn)]
+                     read.addr.eq(incoming.conn),
+                     write.addr.eq(Mux(opening.valid, opening.payload.conn, held)),
+                     write.data.eq(Mux(opening.valid, opened, ctx))]
         hit = holding & same(incoming.conn, held)
         unknown = answered & ~ctx.dead & ~ctx.head_valid & ~known
         with stage.state("TAKE"):
             with m.If(opening.valid):
-                m.d.comb += [opening.ready.eq(1), write.en.eq(1),
-                             write.addr.eq(opening.payload.conn), write.data.eq(opened)]
+                m.d.comb += [opening.ready.eq(1), write.en.eq(1)]
                 with m.If(same(opening.payload.conn, held)):
                     m.d.sync += holding.eq(0)
             with m.Elif(self.i_header.valid & ~hit):
-                m.d.comb += [write.en.eq(holding), write.addr.eq(held), write.data.eq(ctx)]
+                m.d.comb += write.en.eq(holding)
                 m.d.sync += [held.eq(incoming.conn), holding.eq(1), known.eq(0)]
                 stage.goto("LOAD")
             with m.Elif(self.i_header.valid & unknown):

@@ -5,7 +5,7 @@ of :mod:`iwarp_nic.ip`. A packet is a header transfer and, when the header says 
 payload beats (DESIGN.md section 2); both blocks keep a packet's header and payload together.
 """
 
-from amaranth import Module, Mux, Signal
+from amaranth import Module, Mux, Signal, Value
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -64,14 +64,19 @@ class Demux(wiring.Component):
         hdr, pay = self.i_header, self.i_payload
         busy = Signal()
         way = Signal(range(self.ways + 1))
+        # Every way sees the header and the beat (a payload counts only with ``valid``), so
+        # no multiplexer stands between them and the outputs.
+        for k in range(self.ways):
+            if self.headers:
+                m.d.comb += self.o_header[k].payload.eq(hdr.payload)
+            m.d.comb += self.o_payload[k].payload.eq(pay.payload)
 
         with m.If(~busy):
             for k in range(self.ways):
                 with m.If(eq(self.sel, k)):
                     if self.headers:
                         out = self.o_header[k]
-                        m.d.comb += [out.valid.eq(hdr.valid), out.payload.eq(hdr.payload),
-                                     hdr.ready.eq(out.ready)]
+                        m.d.comb += [out.valid.eq(hdr.valid), hdr.ready.eq(out.ready)]
                     else:
                         m.d.comb += hdr.ready.eq(1)
             with m.If(eq(self.sel, self.ways)):
@@ -84,8 +89,7 @@ class Demux(wiring.Component):
             for k in range(self.ways):
                 out = self.o_payload[k]
                 with m.If(eq(way, k)):
-                    m.d.comb += [out.valid.eq(pay.valid), out.payload.eq(pay.payload),
-                                 pay.ready.eq(out.ready)]
+                    m.d.comb += [out.valid.eq(pay.valid), pay.ready.eq(out.ready)]
             with m.If(pay.valid & pay.ready & pay.payload.last):
                 m.d.sync += busy.eq(0)
         return m
@@ -151,12 +155,21 @@ class Arbiter(wiring.Component):
 
         taken = self.o_header.valid & self.o_header.ready
         ended = self.o_payload.valid & self.o_payload.ready & self.o_payload.payload.last
+        # The outputs' payloads are the picked header and the granted way's beat whatever
+        # ``level`` says (they count only with ``valid``): one multiplexer each, by way.
+        header_bits = len(Value.cast(self.o_header.payload))
+        beat_bits = len(Value.cast(self.o_payload.payload))
+        m.d.comb += [
+            self.o_header.payload.eq(select(m, pick, [h.payload for h in self.i_header],
+                                            header_bits, "picked_header")),
+            self.o_payload.payload.eq(select(m, grants[0], [p.payload for p in self.i_payload],
+                                             beat_bits, "granted_beat")),
+        ]
         with m.If(~level if flag else ~eq(level, depth)):
             for k in range(self.ways):
                 with m.If(eq(pick, k)):
                     src = self.i_header[k]
                     m.d.comb += [self.o_header.valid.eq(src.valid),
-                                 self.o_header.payload.eq(src.payload),
                                  src.ready.eq(self.o_header.ready)]
             with m.If(taken):
                 m.d.sync += ([level.eq(1), grants[0].eq(pick)] if flag else []) + [
@@ -166,7 +179,6 @@ class Arbiter(wiring.Component):
                 with m.If(eq(grants[0], k)):
                     src = self.i_payload[k]
                     m.d.comb += [self.o_payload.valid.eq(src.valid),
-                                 self.o_payload.payload.eq(src.payload),
                                  src.ready.eq(self.o_payload.ready)]
             if flag:
                 with m.If(ended):

@@ -261,13 +261,18 @@ class RequestResponder(wiring.Component):
             if tagged:
                 m.d.comb += ctx_wr.en.eq(1)
 
-        def report(code):
-            m.d.sync += [fault.valid.eq(1), fault.payload.code.as_value().eq(code),
+        # A Terminate request: each violation names its code; the request is built in one
+        # place from the request held (one multiplexer for its octets, not one per violation).
+        reporting, report_code = Signal(), Signal(16)
+        with m.If(reporting):
+            m.d.sync += [fault.valid.eq(1), fault.payload.code.as_value().eq(report_code),
                          fault.payload.offending.eq(hdr.head[:8 * OFFENDING_BYTES]),
                          fault.payload.offending_length.eq(hdr.ulpdu_length)]
             if tagged:
                 m.d.sync += fault.payload.conn.eq(hdr.conn)
-            m.d.comb += nxt.dead.eq(1)
+
+        def report(code):
+            m.d.comb += [reporting.eq(1), report_code.eq(code), nxt.dead.eq(1)]
             finish()
 
         def respond():

@@ -1503,28 +1503,33 @@ class TcpControl(wiring.Component):
                                          Mux(gt(rto_sum, self.rto_max), self.rto_max, rto_sum)))
 
         # Write back, with the timer armed exactly while something needs it (RFC 6298 5.1-5.3).
+        # The memories' and FIFOs' addresses and data are set whatever the state (only their
+        # enables are COMMIT's), so no multiplexer selects them by state.
+        tcb_next = Signal(tcb_shape)
+        m.d.comb += tcb_next.eq(t)
+        with m.If(timer_off):
+            m.d.comb += tcb_next.rto_armed.eq(0)
+        with m.Elif(timer_arm):
+            timeout = Mux(_in(t.state, State.TIME_WAIT), self.time_wait_ticks, t.rto_cur)
+            m.d.comb += [tcb_next.rto_armed.eq(1),
+                         tcb_next.rto_deadline.eq(wrap_add(m, now, timeout, TIME_BITS,
+                                                             "deadline"))]
+        ring_req = Signal(RingRequest(self.conns))
+        m.d.comb += [
+            tcb_wr.addr.eq(conn), tcb_wr.data.eq(tcb_next),
+            stats_wr.addr.eq(conn), stats_wr.data.eq(st),
+            verdicts.w_data.eq(verdict), txq.w_data.eq(seg),
+            ring_req.conn.eq(conn),
+            ring_req.seq.eq(wrap_sub(m, t.snd_end, chunk.length, 32, "chunk_seq")),
+            ring_req.length.eq(chunk.length),
+            rings.w_data.eq(ring_req), routes.w_data.eq(route_keep),
+        ]
         with fsm.state("COMMIT"):
             fsm.goto("EVENTS")
-            tcb_next = Signal(tcb_shape)
-            m.d.comb += tcb_next.eq(t)
-            with m.If(timer_off):
-                m.d.comb += tcb_next.rto_armed.eq(0)
-            with m.Elif(timer_arm):
-                timeout = Mux(_in(t.state, State.TIME_WAIT), self.time_wait_ticks, t.rto_cur)
-                m.d.comb += [tcb_next.rto_armed.eq(1),
-                             tcb_next.rto_deadline.eq(wrap_add(m, now, timeout, TIME_BITS,
-                                                                 "deadline"))]
-            ring_req = Signal(RingRequest(self.conns))
             m.d.comb += [
-                tcb_wr.addr.eq(conn), tcb_wr.data.eq(tcb_next), tcb_wr.en.eq(~no_tcb),
-                stats_wr.addr.eq(conn), stats_wr.data.eq(st), stats_wr.en.eq(~no_tcb),
-                verdicts.w_en.eq(verdict_valid), verdicts.w_data.eq(verdict),
-                txq.w_en.eq(seg_valid), txq.w_data.eq(seg),
-                ring_req.conn.eq(conn),
-                ring_req.seq.eq(wrap_sub(m, t.snd_end, chunk.length, 32, "chunk_seq")),
-                ring_req.length.eq(chunk.length),
-                rings.w_en.eq(ring_valid), rings.w_data.eq(ring_req),
-                routes.w_en.eq(route_valid), routes.w_data.eq(route_keep),
+                tcb_wr.en.eq(~no_tcb), stats_wr.en.eq(~no_tcb),
+                verdicts.w_en.eq(verdict_valid), txq.w_en.eq(seg_valid),
+                rings.w_en.eq(ring_valid), routes.w_en.eq(route_valid),
             ]
             is_queued = select(m, conn, list(queued), 1, "is_queued")
             m.d.sync += enqueue.eq(~no_tcb & wants_tx & ~is_queued)
@@ -1532,15 +1537,16 @@ class TcpControl(wiring.Component):
                 m.d.sync += chunk_retry.eq(1)
 
         # EVENTS: the connection joins the ready queue (in its first cycle), and the events go.
+        report = Signal(Event(self.conns))
+        m.d.comb += [report.kind.eq(Mux(ev_valid[0], ev[0], ev[1])), report.conn.eq(conn),
+                     report.local_port.eq(t.local_port), report.remote_ip.eq(t.remote_ip),
+                     report.remote_port.eq(t.remote_port), events.w_data.eq(report),
+                     ready.w_data.eq(conn)]
         with fsm.state("EVENTS"):
             with m.If(enqueue):
-                m.d.comb += [ready.w_en.eq(1), ready.w_data.eq(conn)]
+                m.d.comb += ready.w_en.eq(1)
                 m.d.sync += [queued.bit_select(conn, 1).eq(1), enqueue.eq(0)]
-            report = Signal(Event(self.conns))
-            m.d.comb += [report.kind.eq(Mux(ev_valid[0], ev[0], ev[1])), report.conn.eq(conn),
-                         report.local_port.eq(t.local_port), report.remote_ip.eq(t.remote_ip),
-                         report.remote_port.eq(t.remote_port), events.w_data.eq(report),
-                         events.w_en.eq(ev_valid.any())]
+            m.d.comb += events.w_en.eq(ev_valid.any())
             with m.If(ev_valid[0]):
                 m.d.sync += ev_valid[0].eq(0)
             with m.Elif(ev_valid[1]):
