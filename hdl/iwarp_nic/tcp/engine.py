@@ -80,7 +80,10 @@ class TcpEngine(wiring.Component):
     o_ip_header, o_ip : to :class:`~iwarp_nic.ip.IpStack` ``i_tcp_header``/``i_tcp_payload``
     i_cmd : In(stream Command); o_event : Out(stream Event)
         LISTEN, CONNECT, CLOSE, ABORT per slot; ESTABLISHED, PEER_FIN, CLOSED, RESET, TIMEOUT,
-        ABORTED back (see :mod:`.layouts`). ``o_event`` must be drained.
+        ABORTED back (see :mod:`.layouts`). ``o_event`` must be drained. An event does not
+        wait for the bytes received before it: a connection's last bytes may still leave
+        ``o_rx`` after its PEER_FIN or its end (a peer's RST in TIME-WAIT ends the slot at
+        once), and are never discarded; a consumer drains ``o_rx`` before it forgets a slot.
     i_tx_header : In(stream ChunkHeader); i_tx : In(BeatStream(data_bytes))
         Bytes to send: ``{conn, length}`` then ``length`` bytes. A header may come before
         the bytes of the chunks ahead of it have all come (the bytes follow the headers'
